@@ -1,0 +1,31 @@
+"""The dataset ledger in Redis: limits, state, counters, done-set and leases.
+
+Every change goes through one of the Lua scripts in ``budget/lua`` (atomic); every key name comes from
+``budget.keys``. This package imports only redis-py.
+"""
+
+from budget.errors import LedgerError, LedgerUnavailable, UnknownDataset
+from budget.ledger import (
+    Admission,
+    CommitOutcome,
+    DatasetLimits,
+    DatasetSnapshot,
+    DatasetState,
+    Ledger,
+    Progress,
+    connect,
+)
+
+__all__ = [
+    "Admission",
+    "CommitOutcome",
+    "DatasetLimits",
+    "DatasetSnapshot",
+    "DatasetState",
+    "Ledger",
+    "LedgerError",
+    "LedgerUnavailable",
+    "Progress",
+    "UnknownDataset",
+    "connect",
+]

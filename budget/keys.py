@@ -1,0 +1,63 @@
+"""Every Redis key the ledger uses, and nothing else builds one.
+
+Per-dataset keys carry the dataset name in a hash tag (``{name}``) so one dataset's keys live in one
+Redis Cluster slot and a Lua script may touch them all. The suffix says the Redis type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+#: Prefix of every tokenfleet key; the Celery broker's own keys (the queue list, ``unacked``) sit beside.
+PREFIX: Final = "tf"
+
+#: Set of every registered dataset name.
+DATASETS_SET: Final = f"{PREFIX}:datasets:set"
+
+#: Hash worker hostname -> JSON heartbeat (version, pid, last seen), for status.
+WORKERS_HASH: Final = f"{PREFIX}:workers:hash"
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetKeys:
+    """The keys of one dataset."""
+
+    #: Hash: state, limits, counters (the fields are listed in ``budget/lua/_lib.lua``).
+    ledger_hash: str
+    #: String: JSON of what workers need (servers, sampling, output dir, timeouts).
+    spec_str: str
+    #: Hash sample id -> attempt id of the committed generation (the done-set).
+    done_hash: str
+    #: Hash sample id -> failure reason.
+    failed_hash: str
+    #: Sorted set sample id -> enqueue time (ms): tasks published and not yet taken by a worker.
+    queued_zset: str
+    #: Sorted set sample id -> lease expiry (ms): generations in flight.
+    lease_zset: str
+    #: Hash sample id -> attempt id holding the lease.
+    lease_owner_hash: str
+    #: Hash sample id -> tokens generated so far by the in-flight attempt (not yet committed).
+    live_hash: str
+    #: Hash sample id -> why it went back to pending (dropped while paused, revoked, at a limit, a lease
+    #: that expired, released): taken out of the queue without a result, to be fed again.
+    pending_hash: str
+
+    def for_lua(self, *names: str) -> list[str]:
+        """The named keys, in order, for a script's KEYS."""
+        return [getattr(self, n) for n in names]
+
+
+def dataset_keys(name: str) -> DatasetKeys:
+    base = f"{PREFIX}:{{{name}}}"
+    return DatasetKeys(
+        ledger_hash=f"{base}:ledger:hash",
+        spec_str=f"{base}:spec:str",
+        done_hash=f"{base}:done:hash",
+        failed_hash=f"{base}:failed:hash",
+        queued_zset=f"{base}:queued:zset",
+        lease_zset=f"{base}:lease:zset",
+        lease_owner_hash=f"{base}:lease_owner:hash",
+        live_hash=f"{base}:live:hash",
+        pending_hash=f"{base}:pending:hash",
+    )

@@ -1,0 +1,439 @@
+"""Typed access to the dataset ledger. Every write is one Lua script (see ``budget/lua``)."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, ParamSpec, TypeVar
+
+import redis
+
+from budget.errors import LedgerUnavailable, UnknownDataset
+from budget.keys import DATASETS_SET, DatasetKeys, dataset_keys
+from budget.scripts import register_scripts
+
+#: How long a generation's lease lives without renewal. A worker renews it every few seconds; a killed
+#: worker's samples are reclaimed this long after its last renewal.
+DEFAULT_LEASE_MS: Final = 60_000
+
+#: ``enqueue`` codes (see ``budget/lua/enqueue.lua``).
+ENQUEUE_PUBLISH: Final = 1
+ENQUEUE_SKIP: Final = 0
+ENQUEUE_WINDOW_FULL: Final = -1
+ENQUEUE_NOT_ACTIVE: Final = -2
+ENQUEUE_BUDGET_IN_FLIGHT: Final = -3
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class DatasetState(enum.StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    EXHAUSTED = "exhausted"
+    REVOKED = "revoked"
+
+
+class Admission(enum.StrEnum):
+    """A worker's answer from ``admit``."""
+
+    OK = "ok"
+    DONE = "done"
+    LEASED = "leased"
+    PAUSED = "paused"
+    REVOKED = "revoked"
+    EXHAUSTED = "exhausted"
+    LIMIT = "limit"
+    UNKNOWN = "unknown"
+
+
+class Progress(enum.StrEnum):
+    CONTINUE = "continue"
+    STOP = "stop"
+    LOST = "lost"
+
+
+class CommitOutcome(enum.StrEnum):
+    COMMITTED = "committed"
+    DUPLICATE = "duplicate"
+    OVER_LIMIT = "over_limit"
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetLimits:
+    token_budget: int | None = None
+    max_samples: int | None = None
+    on_budget: str = "truncate"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitResult:
+    admission: Admission
+    state: str
+    spec: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSnapshot:
+    """One consistent read of a dataset's ledger."""
+
+    name: str
+    state: str
+    token_budget: int | None
+    max_samples: int | None
+    on_budget: str
+    tokens: int
+    samples: int
+    truncated: int
+    live_tokens: int
+    discarded_tokens: int
+    wasted_tokens: int
+    reclaimed: int
+    failed: int
+    queued: int
+    inflight: int
+    pending: int
+    rejected: int
+    source_total: int
+    source_done: bool
+
+    @property
+    def settled(self) -> bool:
+        """Nothing queued or in flight, and either a limit or the operator stopped it, or the source is
+        consumed with nothing left to feed."""
+        if self.queued or self.inflight:
+            return False
+        if self.state in (DatasetState.EXHAUSTED, DatasetState.REVOKED):
+            return True
+        return self.state == DatasetState.ACTIVE and self.source_done and self.pending == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__} | {"settled": self.settled}
+
+
+def _optional_int(value: str | None) -> int | None:
+    return int(value) if value not in (None, "") else None
+
+
+def _limit_arg(value: int | None) -> str:
+    return "" if value is None else str(int(value))
+
+
+def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Redis being unreachable becomes ``LedgerUnavailable``: callers show one line, not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as e:
+            raise LedgerUnavailable(f"Redis is unreachable: {e}") from None
+
+    return wrapper
+
+
+def connect(url: str, **kwargs: Any) -> redis.Redis:
+    """A redis-py client for ``url`` (``redis://``, ``rediss://`` with TLS, credentials in the URL)."""
+    kwargs.setdefault("socket_connect_timeout", 5)
+    kwargs.setdefault("health_check_interval", 30)
+    return redis.Redis.from_url(url, decode_responses=True, **kwargs)
+
+
+class Ledger:
+    """The per-dataset ledger: typed wrappers around the Lua scripts."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._scripts = register_scripts(client)
+
+    @classmethod
+    def from_url(cls, url: str) -> Ledger:
+        return cls(connect(url))
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
+        return self._scripts[name](keys=list(keys), args=list(args))
+
+    @_translate_errors
+    def ping(self) -> None:
+        self.client.ping()
+
+    # --- datasets -------------------------------------------------------------------------------
+
+    @_translate_errors
+    def register(self, name: str, limits: DatasetLimits, spec: dict[str, Any]) -> str:
+        """Create or update a dataset; returns its state. Counters and the done-set are kept."""
+
+        k = dataset_keys(name)
+        state: str = self._run(
+            "register",
+            k.for_lua("ledger_hash", "spec_str"),
+            [
+                json.dumps(spec, sort_keys=True),
+                _limit_arg(limits.token_budget),
+                _limit_arg(limits.max_samples),
+                limits.on_budget,
+            ],
+        )
+        self.client.sadd(DATASETS_SET, name)
+        return state
+
+    @_translate_errors
+    def datasets(self) -> list[str]:
+        return sorted(self.client.smembers(DATASETS_SET))
+
+    @_translate_errors
+    def spec(self, name: str) -> dict[str, Any]:
+
+        raw = self.client.get(dataset_keys(name).spec_str)
+        if raw is None:
+            raise UnknownDataset(name)
+        spec: dict[str, Any] = json.loads(raw)
+        return spec
+
+    @_translate_errors
+    def set_state(self, name: str, action: str) -> str:
+        state: str = self._run("set_state", [dataset_keys(name).ledger_hash], [action])
+        if state == "unknown":
+            raise UnknownDataset(name)
+        return state
+
+    def pause(self, name: str) -> str:
+        return self.set_state(name, "pause")
+
+    def resume(self, name: str) -> str:
+        return self.set_state(name, "resume")
+
+    def revoke(self, name: str) -> str:
+        return self.set_state(name, "revoke")
+
+    @_translate_errors
+    def set_limits(
+        self, name: str, token_budget: int | str | None = "-", max_samples: int | str | None = "-"
+    ) -> str:
+        """Change limits; ``"-"`` leaves one unchanged, ``None`` removes it. Returns the new state."""
+
+        def arg(v: int | str | None) -> str:
+            return v if isinstance(v, str) else _limit_arg(v)
+
+        state: str = self._run(
+            "set_limits", [dataset_keys(name).ledger_hash], [arg(token_budget), arg(max_samples)]
+        )
+        if state == "unknown":
+            raise UnknownDataset(name)
+        return state
+
+    # --- producer -------------------------------------------------------------------------------
+
+    @_translate_errors
+    def enqueue(self, name: str, sample_ids: Sequence[str], window: int) -> list[int]:
+        """Which of ``sample_ids`` to publish now (codes ``ENQUEUE_*``); marks those as queued."""
+        k = dataset_keys(name)
+        codes: list[int] = self._run(
+            "enqueue",
+            k.for_lua("ledger_hash", "done_hash", "failed_hash", "queued_zset", "lease_zset", "pending_hash"),
+            [window, *sample_ids],
+        )
+        return [int(c) for c in codes]
+
+    @_translate_errors
+    def unqueue(self, name: str, sample_ids: Sequence[str], reason: str) -> int:
+        k = dataset_keys(name)
+        return int(self._run("unqueue", k.for_lua("queued_zset", "pending_hash"), [reason, *sample_ids]))
+
+    @_translate_errors
+    def set_source(
+        self,
+        name: str,
+        *,
+        total: int | None = None,
+        done: bool | None = None,
+        rejected: int | None = None,
+    ) -> None:
+        def arg(v: int | bool | None) -> str:
+            return "-" if v is None else str(int(v))
+
+        self._run("set_source", [dataset_keys(name).ledger_hash], [arg(total), arg(done), arg(rejected)])
+
+    @_translate_errors
+    def pending_ids(self, name: str) -> set[str]:
+        """Samples taken from the queue without a result (to feed again)."""
+        return set(self.client.hkeys(dataset_keys(name).pending_hash))
+
+    @_translate_errors
+    def is_done(self, name: str, sample_ids: Iterable[str]) -> list[bool]:
+        k = dataset_keys(name)
+        pipe = self.client.pipeline(transaction=False)
+        for sid in sample_ids:
+            pipe.hexists(k.done_hash, sid)
+        return [bool(x) for x in pipe.execute()]
+
+    # --- worker ---------------------------------------------------------------------------------
+
+    @_translate_errors
+    def admit(self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS) -> AdmitResult:
+
+        k = dataset_keys(name)
+        verdict, state, spec = self._run(
+            "admit",
+            k.for_lua(
+                "ledger_hash",
+                "spec_str",
+                "done_hash",
+                "queued_zset",
+                "lease_zset",
+                "lease_owner_hash",
+                "live_hash",
+                "pending_hash",
+            ),
+            [sample_id, attempt, lease_ms],
+        )
+        return AdmitResult(Admission(verdict), state, json.loads(spec) if spec else None)
+
+    @_translate_errors
+    def progress(
+        self, name: str, sample_id: str, attempt: str, new_tokens: int, lease_ms: int = DEFAULT_LEASE_MS
+    ) -> tuple[Progress, str]:
+        """Adds ``new_tokens`` (negative to take back a failed attempt's) and renews the lease.
+        Returns whether to go on, and the dataset's state."""
+        k = dataset_keys(name)
+        action, state = self._run(
+            "progress",
+            k.for_lua("ledger_hash", "lease_zset", "lease_owner_hash", "live_hash"),
+            [sample_id, attempt, new_tokens, lease_ms],
+        )
+        return Progress(action), state
+
+    @_translate_errors
+    def renew(self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS) -> bool:
+        k = dataset_keys(name)
+        return bool(
+            self._run("renew", k.for_lua("lease_zset", "lease_owner_hash"), [sample_id, attempt, lease_ms])
+        )
+
+    @_translate_errors
+    def commit(
+        self, name: str, sample_id: str, attempt: str, completion_tokens: int, truncated: bool = False
+    ) -> CommitOutcome:
+        k = dataset_keys(name)
+        outcome, _state = self._run(
+            "commit",
+            k.for_lua(
+                "ledger_hash", "done_hash", "lease_zset", "lease_owner_hash", "live_hash", "pending_hash"
+            ),
+            [sample_id, attempt, completion_tokens, int(truncated)],
+        )
+        return CommitOutcome(outcome)
+
+    @_translate_errors
+    def fail(self, name: str, sample_id: str, attempt: str, reason: str, wasted_tokens: int = 0) -> str:
+        k = dataset_keys(name)
+        result: str = self._run(
+            "fail",
+            k.for_lua(
+                "ledger_hash",
+                "done_hash",
+                "failed_hash",
+                "lease_zset",
+                "lease_owner_hash",
+                "live_hash",
+                "pending_hash",
+            ),
+            [sample_id, attempt, reason, wasted_tokens],
+        )
+        return result
+
+    @_translate_errors
+    def release(
+        self,
+        name: str,
+        sample_id: str,
+        attempt: str,
+        reason: str,
+        thrown_away_tokens: int = 0,
+        counts_against_budget: bool = False,
+    ) -> str:
+        k = dataset_keys(name)
+        state: str = self._run(
+            "release",
+            k.for_lua(
+                "ledger_hash", "done_hash", "lease_zset", "lease_owner_hash", "live_hash", "pending_hash"
+            ),
+            [sample_id, attempt, reason, thrown_away_tokens, int(counts_against_budget)],
+        )
+        return state
+
+    @_translate_errors
+    def reclaim(self, name: str) -> int:
+        k = dataset_keys(name)
+        return int(
+            self._run(
+                "reclaim",
+                k.for_lua("ledger_hash", "lease_zset", "lease_owner_hash", "live_hash", "pending_hash"),
+            )
+        )
+
+    # --- reading --------------------------------------------------------------------------------
+
+    @_translate_errors
+    def snapshot(self, name: str) -> DatasetSnapshot:
+        k = dataset_keys(name)
+        flat = self._run(
+            "snapshot",
+            k.for_lua("ledger_hash", "done_hash", "failed_hash", "queued_zset", "lease_zset", "pending_hash"),
+        )
+        if not flat:
+            raise UnknownDataset(name)
+        f = dict(zip(flat[::2], flat[1::2], strict=True))
+
+        def n(field: str) -> int:
+            return int(f.get(field) or 0)
+
+        return DatasetSnapshot(
+            name=name,
+            state=f["state"],
+            token_budget=_optional_int(f.get("token_budget")),
+            max_samples=_optional_int(f.get("max_samples")),
+            on_budget=f.get("on_budget") or "truncate",
+            tokens=n("tokens"),
+            samples=n("samples"),
+            truncated=n("truncated"),
+            live_tokens=n("live_tokens"),
+            discarded_tokens=n("discarded_tokens"),
+            wasted_tokens=n("wasted_tokens"),
+            reclaimed=n("reclaimed"),
+            failed=n("failed"),
+            queued=n("queued"),
+            inflight=n("inflight"),
+            pending=n("pending"),
+            rejected=n("rejected"),
+            source_total=n("source_total"),
+            source_done=bool(n("source_done")),
+        )
+
+    @_translate_errors
+    def done_attempts(self, name: str) -> dict[str, str]:
+        """The done-set: sample id -> attempt id of the committed generation (for export)."""
+        k = dataset_keys(name)
+        out: dict[str, str] = {}
+        for sid, attempt in self.client.hscan_iter(k.done_hash, count=10_000):
+            out[sid] = attempt
+        return out
+
+    @_translate_errors
+    def failures(self, name: str) -> dict[str, str]:
+        return dict(self.client.hgetall(dataset_keys(name).failed_hash))
+
+    @_translate_errors
+    def forget(self, name: str) -> None:
+        """Delete every key of dataset ``name`` (its counters, done-set and leases) in one transaction."""
+        k = dataset_keys(name)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(*(getattr(k, f) for f in k.__dataclass_fields__))
+        pipe.srem(DATASETS_SET, name)
+        pipe.execute()
+
+    def keys_of(self, name: str) -> DatasetKeys:
+        return dataset_keys(name)

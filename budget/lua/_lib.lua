@@ -1,0 +1,86 @@
+-- Shared helpers, prepended to every script by budget.scripts (Lua has no include for EVALSHA).
+--
+-- Ledger hash fields (KEYS ledger = tf:{name}:ledger:hash):
+--   state             active | paused | exhausted | revoked
+--   token_budget      completion tokens allowed ("" = none)
+--   max_samples       committed samples allowed ("" = none)
+--   on_budget         truncate | discard | drain
+--   tokens            committed completion tokens
+--   samples           committed samples
+--   truncated         committed samples whose generation we cut at the budget
+--   live_tokens       tokens generated so far by in-flight attempts (sum of the live hash)
+--   discarded_tokens  tokens generated and thrown away by the discard policy (spent budget)
+--   wasted_tokens     tokens generated and not committed for any reason (report only)
+--   reclaimed         leases that expired (a worker died) and were taken back
+--   source_total      samples the producer found in the source (after a full pass)
+--   source_done       1 once the producer has read the whole source in this submit
+--   rejected          source lines rejected by the producer
+-- Times come from the Redis server's clock (TIME), so hosts' clocks never matter.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function num(ledger, field)
+  return tonumber(redis.call('HGET', ledger, field) or '0') or 0
+end
+
+-- A limit field as a number, or nil when the dataset has none.
+local function limit(ledger, field)
+  local v = redis.call('HGET', ledger, field)
+  if not v or v == '' then return nil end
+  return tonumber(v)
+end
+
+-- Tokens that count against the budget: committed plus thrown away by the discard policy.
+local function spent(ledger)
+  return num(ledger, 'tokens') + num(ledger, 'discarded_tokens')
+end
+
+-- Which committed limit is reached, or nil.
+local function limit_reached(ledger)
+  local budget = limit(ledger, 'token_budget')
+  if budget and spent(ledger) >= budget then return 'token_budget' end
+  local max = limit(ledger, 'max_samples')
+  if max and num(ledger, 'samples') >= max then return 'max_samples' end
+  return nil
+end
+
+-- active <-> exhausted from the limits; paused and revoked are left to the operator.
+local function refresh_state(ledger)
+  local state = redis.call('HGET', ledger, 'state')
+  if state == 'active' or state == 'exhausted' then
+    local want = 'active'
+    if limit_reached(ledger) then want = 'exhausted' end
+    if want ~= state then redis.call('HSET', ledger, 'state', want) end
+    return want
+  end
+  return state
+end
+
+-- Remove a lease and its live tokens. Returns the live tokens it held.
+local function drop_lease(ledger, leases, owners, live, sid)
+  local n = tonumber(redis.call('HGET', live, sid) or '0') or 0
+  redis.call('ZREM', leases, sid)
+  redis.call('HDEL', owners, sid)
+  redis.call('HDEL', live, sid)
+  if n ~= 0 then redis.call('HINCRBY', ledger, 'live_tokens', -n) end
+  return n
+end
+
+-- Take back leases whose holder stopped renewing them (a killed worker); the samples become pending.
+local function reclaim_expired(ledger, leases, owners, live, pending, now)
+  local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 256)
+  for _, sid in ipairs(expired) do
+    local n = drop_lease(ledger, leases, owners, live, sid)
+    redis.call('HINCRBY', ledger, 'wasted_tokens', n)
+    redis.call('HSET', pending, sid, 'lease_expired')
+  end
+  if #expired > 0 then redis.call('HINCRBY', ledger, 'reclaimed', #expired) end
+  return #expired
+end
+
+local function owns(owners, sid, attempt)
+  return redis.call('HGET', owners, sid) == attempt
+end

@@ -1,0 +1,26 @@
+-- commit: a generation's record is written and flushed; count it, exactly once.
+-- KEYS: ledger, done, leases, owners, live, pending
+-- ARGV: sid, attempt, completion_tokens, truncated (0 | 1)
+-- Returns {outcome, state}: committed | duplicate (already committed by another attempt) |
+-- over_limit (max_samples already reached: not counted, so not exported).
+local ledger, done, leases, owners, live, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local sid, attempt, n, truncated = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local mine = owns(owners, sid, attempt)
+if mine then drop_lease(ledger, leases, owners, live, sid) end
+local outcome = 'committed'
+local max = limit(ledger, 'max_samples')
+if redis.call('HEXISTS', done, sid) == 1 then
+  outcome = 'duplicate'
+elseif max and num(ledger, 'samples') >= max then
+  outcome = 'over_limit'
+end
+if outcome ~= 'committed' then
+  redis.call('HINCRBY', ledger, 'wasted_tokens', n)
+  return {outcome, redis.call('HGET', ledger, 'state') or 'unknown'}
+end
+redis.call('HSET', done, sid, attempt)
+redis.call('HDEL', pending, sid)
+redis.call('HINCRBY', ledger, 'tokens', n)
+redis.call('HINCRBY', ledger, 'samples', 1)
+if truncated == '1' then redis.call('HINCRBY', ledger, 'truncated', 1) end
+return {outcome, refresh_state(ledger)}

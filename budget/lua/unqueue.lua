@@ -1,0 +1,11 @@
+-- unqueue: the producer could not publish samples it had marked queued; they become pending again.
+-- KEYS: queued, pending
+-- ARGV: reason, sid1, sid2, ...
+-- Returns how many were in the queued set.
+local queued, pending = KEYS[1], KEYS[2]
+local n = 0
+for i = 2, #ARGV do
+  n = n + redis.call('ZREM', queued, ARGV[i])
+  redis.call('HSET', pending, ARGV[i], ARGV[1])
+end
+return n

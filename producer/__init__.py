@@ -1,0 +1,1 @@
+"""Producer side of tokenfleet: reads dataset sources and enqueues generation tasks."""

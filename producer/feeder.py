@@ -1,0 +1,198 @@
+"""Feeds every dataset's samples into the queue, a bounded window at a time, until all are settled.
+
+The ledger decides, atomically per batch, which samples to publish (``Ledger.enqueue``): never a done,
+failed, queued or in-flight one, never more than the dataset's window, never past its sample cap, nothing
+while it is paused, revoked or exhausted. Samples a worker took but gave back (dropped while paused, at a
+limit, revoked then resumed, or a lease that expired after a worker died) are pending; once the dataset is
+quiet the feeder reads the source again to feed them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import orjson
+
+from budget import DatasetSnapshot, Ledger
+from budget.ledger import (
+    ENQUEUE_BUDGET_IN_FLIGHT,
+    ENQUEUE_NOT_ACTIVE,
+    ENQUEUE_PUBLISH,
+    ENQUEUE_WINDOW_FULL,
+    DatasetState,
+)
+from producer.source import Rejected, Sample, iter_source
+
+#: Tasks kept queued per dataset: enough to keep every worker thread busy, never the whole dataset.
+DEFAULT_WINDOW: Final = 512
+#: Samples asked about in one ledger call.
+DEFAULT_BATCH: Final = 256
+#: Pause between rounds when nothing could be fed.
+IDLE_POLL_S: Final = 0.2
+
+#: Publishes samples of one dataset to the queue; raises if the broker refused.
+Publish = Callable[[str, Sequence[Sample]], None]
+
+
+@dataclass
+class DatasetFeed:
+    """The feeder's view of one dataset's source."""
+
+    name: str
+    path: Path
+    rejected_path: Path
+    passes: int = 0
+    #: Samples and rejected lines counted on the first full pass of this run.
+    total: int = 0
+    rejected: int = 0
+    pass_complete: bool = False
+    #: Samples published by the current pass.
+    published_this_pass: int = 0
+    buffer: deque[Sample] = field(default_factory=deque)
+    _lines: Iterator[Sample | Rejected] | None = None
+
+    def start_pass(self) -> None:
+        self.passes += 1
+        self.pass_complete = False
+        self.published_this_pass = 0
+        self.buffer.clear()
+        self._lines = iter_source(self.path)
+        if self.passes == 1:
+            self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
+            self.rejected_path.write_bytes(b"")
+
+    def take(self, n: int) -> list[Sample]:
+        """Up to ``n`` samples: first those put back, then new ones from the source."""
+        out: list[Sample] = []
+        while self.buffer and len(out) < n:
+            out.append(self.buffer.popleft())
+        while self._lines is not None and len(out) < n:
+            item = next(self._lines, None)
+            if item is None:
+                self._lines = None
+                break
+            if isinstance(item, Rejected):
+                if self.passes == 1:
+                    self._reject(item)
+                continue
+            if self.passes == 1:
+                self.total += 1
+            out.append(item)
+        return out
+
+    def put_back(self, samples: Sequence[Sample]) -> None:
+        self.buffer.extendleft(reversed(samples))
+
+    @property
+    def exhausted_source(self) -> bool:
+        return self._lines is None and not self.buffer
+
+    def _reject(self, item: Rejected) -> None:
+        self.rejected += 1
+        line = {"line": item.line_no, "reason": item.reason, "raw": item.raw}
+        with self.rejected_path.open("ab") as f:
+            f.write(orjson.dumps(line) + b"\n")
+
+
+class Feeder:
+    def __init__(
+        self,
+        ledger: Ledger,
+        publish: Publish,
+        feeds: Sequence[DatasetFeed],
+        window: int = DEFAULT_WINDOW,
+        batch: int = DEFAULT_BATCH,
+    ) -> None:
+        self.ledger = ledger
+        self.publish = publish
+        self.feeds = list(feeds)
+        self.window = window
+        self.batch = batch
+
+    def snapshots(self) -> list[DatasetSnapshot]:
+        return [self.ledger.snapshot(f.name) for f in self.feeds]
+
+    def settled(self, feed: DatasetFeed, snap: DatasetSnapshot) -> bool:
+        if snap.queued or snap.inflight:
+            return False
+        if snap.state in (DatasetState.EXHAUSTED, DatasetState.REVOKED):
+            return True
+        if snap.state != DatasetState.ACTIVE or not feed.pass_complete:
+            return False
+        # Pending samples are fed by another pass; a pass that found none of them to publish means they
+        # are no longer in the source, so there is nothing left to do.
+        return snap.pending == 0 or (feed.passes > 1 and feed.published_this_pass == 0)
+
+    def step(self) -> bool:
+        """One round over the datasets. Returns True when every dataset is settled."""
+        all_settled = True
+        for feed in self.feeds:
+            snap = self.ledger.snapshot(feed.name)
+            if self.settled(feed, snap):
+                continue
+            all_settled = False
+            if snap.state != DatasetState.ACTIVE:
+                continue
+            if feed.passes == 0:
+                feed.start_pass()
+            elif feed.pass_complete:
+                if snap.pending and not snap.queued and not snap.inflight:
+                    self.ledger.set_source(feed.name, done=False)
+                    feed.start_pass()
+                else:
+                    continue
+            self._feed(feed)
+        return all_settled
+
+    def _feed(self, feed: DatasetFeed) -> None:
+        while True:
+            samples = feed.take(self.batch)
+            if not samples:
+                break
+            codes = self.ledger.enqueue(feed.name, [s.sample_id for s in samples], self.window)
+            if codes and codes[0] in (ENQUEUE_NOT_ACTIVE, ENQUEUE_BUDGET_IN_FLIGHT):
+                feed.put_back(samples)
+                return
+            to_publish = [s for s, c in zip(samples, codes, strict=False) if c == ENQUEUE_PUBLISH]
+            if to_publish:
+                try:
+                    self.publish(feed.name, to_publish)
+                except Exception:
+                    self.ledger.unqueue(feed.name, [s.sample_id for s in to_publish], "publish_failed")
+                    raise
+                feed.published_this_pass += len(to_publish)
+            if codes and codes[-1] == ENQUEUE_WINDOW_FULL:
+                feed.put_back(samples[len(codes) - 1 :])
+                return
+        if feed.exhausted_source and not feed.pass_complete:
+            feed.pass_complete = True
+            if feed.passes == 1:
+                self.ledger.set_source(feed.name, total=feed.total, done=True, rejected=feed.rejected)
+            else:
+                self.ledger.set_source(feed.name, done=True)
+
+    def run(
+        self,
+        on_tick: Callable[[list[DatasetSnapshot]], None] | None = None,
+        tick_s: float = 0.5,
+        reclaim: bool = True,
+    ) -> list[DatasetSnapshot]:
+        """Feed until every dataset is settled; returns the final snapshots."""
+        last_tick = 0.0
+        while True:
+            if reclaim:
+                for feed in self.feeds:
+                    self.ledger.reclaim(feed.name)
+            done = self.step()
+            now = time.monotonic()
+            if on_tick is not None and (done or now - last_tick >= tick_s):
+                on_tick(self.snapshots())
+                last_tick = now
+            if done:
+                return self.snapshots()
+            time.sleep(IDLE_POLL_S)

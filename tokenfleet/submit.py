@@ -1,0 +1,143 @@
+"""``tokenfleet submit``: check everything a user can get wrong, register the datasets, feed the queue
+until every dataset is settled.
+
+Every check runs before anything is written to Redis or the queue: a mistake costs one clear line and
+exit code 2, with nothing half-done.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from rich.console import Console
+from rich.live import Live
+
+from budget import DatasetLimits, DatasetSnapshot, Ledger
+from producer.feeder import DEFAULT_WINDOW, DatasetFeed, Feeder
+from tokenfleet.config import FleetConfig, redact_url
+from tokenfleet.publish import TaskPublisher
+from tokenfleet.view import status_table
+from workers.sglang.client import SGLangClient, SGLangError
+
+#: The prompt of the one-token probe sent to each server at submit (any valid token ids do).
+PROBE_INPUT_IDS: Final = [1, 2, 3]
+#: How long a server may take to answer the probe.
+PROBE_TIMEOUT_S: Final = 60.0
+#: Without a terminal, how often to print a progress line.
+PLAIN_PROGRESS_EVERY_S: Final = 10.0
+
+
+class SubmitError(Exception):
+    """A user-facing problem found before anything was enqueued (exit code 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCheck:
+    url: str
+    context_length: int | None
+
+
+def dataset_spec(cfg: FleetConfig, name: str) -> dict[str, Any]:
+    """What workers read from the ledger for each task of dataset ``name``."""
+    ds = next(d for d in cfg.datasets if d.name == name)
+    return {
+        "servers": list(cfg.server.urls),
+        "timeout_s": cfg.server.timeout_s,
+        "sampling": ds.sampling,
+        "output_dir": str(cfg.output_dir),
+        "on_budget": ds.on_budget,
+    }
+
+
+def check_servers(cfg: FleetConfig, client: SGLangClient) -> list[ServerCheck]:
+    """Each server answers ``/server_info``, accepts each dataset's sampling params and returns
+    ``output_ids``: one tiny generation per dataset and server, so a 0.4 server or a rejected key is
+    caught here instead of on every task."""
+    checks = []
+    for url in cfg.server.urls:
+        try:
+            info = client.server_info(url)
+        except SGLangError as e:
+            raise SubmitError(
+                f"server {url} does not answer: {e.message} (start it, or pass --no-server-check)"
+            ) from None
+        for ds in cfg.datasets:
+            probe = dict(ds.sampling) | {"max_new_tokens": 1}
+            try:
+                client.generate(
+                    url,
+                    rid=f"tokenfleet-probe-{time.time_ns()}",
+                    sampling_params=probe,
+                    input_ids=PROBE_INPUT_IDS,
+                    timeout_s=PROBE_TIMEOUT_S,
+                )
+            except SGLangError as e:
+                raise SubmitError(
+                    f'{cfg.source_path}: dataset "{ds.name}": server {url} refused its sampling params: '
+                    f"{e.message}"
+                ) from None
+        context = info.get("context_length")
+        checks.append(ServerCheck(url, int(context) if context else None))
+    return checks
+
+
+def register(cfg: FleetConfig, ledger: Ledger) -> dict[str, str]:
+    states = {}
+    for ds in cfg.datasets:
+        limits = DatasetLimits(ds.token_budget, ds.max_samples, ds.on_budget)
+        states[ds.name] = ledger.register(ds.name, limits, dataset_spec(cfg, ds.name))
+    return states
+
+
+def feeds_for(cfg: FleetConfig) -> list[DatasetFeed]:
+    return [DatasetFeed(ds.name, ds.path, cfg.output_dir / ds.name / "rejected.jsonl") for ds in cfg.datasets]
+
+
+def _plain_line(snaps: Sequence[DatasetSnapshot]) -> str:
+    parts = []
+    for s in snaps:
+        budget = f"/{s.token_budget}" if s.token_budget else ""
+        parts.append(
+            f"{s.name}: {s.state} {s.tokens}{budget} tok, {s.samples} samples, {s.inflight} in flight"
+        )
+    return "; ".join(parts)
+
+
+def run_submit(
+    cfg: FleetConfig,
+    console: Console,
+    *,
+    server_check: bool = True,
+    window: int = DEFAULT_WINDOW,
+) -> list[DatasetSnapshot]:
+    """Checks, registers and feeds; returns the settled snapshots. Raises SubmitError or LedgerError."""
+    ledger = Ledger.from_url(cfg.redis_url)
+    ledger.ping()
+    if server_check:
+        with SGLangClient(max_connections=4) as client:
+            check_servers(cfg, client)
+
+    from workers.app import app  # importing the app reads the environment; do it once checks passed
+
+    app.conf.broker_url = cfg.redis_url
+    states = register(cfg, ledger)
+    for name, state in states.items():
+        if state in ("paused", "revoked"):
+            console.print(f"[yellow]{name} is {state}: nothing is fed until `tokenfleet resume {name}`[/]")
+    console.print(f"submitted {len(states)} dataset(s) to {redact_url(cfg.redis_url)}; waiting for workers")
+
+    feeder = Feeder(ledger, TaskPublisher(app), feeds_for(cfg), window=window)
+    if console.is_terminal:
+        with Live(status_table(feeder.snapshots()), console=console, refresh_per_second=4) as live:
+            return feeder.run(on_tick=lambda snaps: live.update(status_table(snaps)))
+    last = [0.0]
+
+    def plain(snaps: list[DatasetSnapshot]) -> None:
+        if time.monotonic() - last[0] >= PLAIN_PROGRESS_EVERY_S:
+            console.print(_plain_line(snaps))
+            last[0] = time.monotonic()
+
+    return feeder.run(on_tick=plain)

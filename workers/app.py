@@ -1,0 +1,39 @@
+"""The Celery app: ``celery -A workers.app worker`` or ``tokenfleet worker``.
+
+Settings fit long generations: late acks (a message is acknowledged only after its sample is committed or
+failed), one message prefetched per thread, a visibility timeout longer than any request, JSON only on
+the wire, no result backend (the ledger and the output files are the record), task events on for Flower.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from workers.settings import DEFAULT_CONCURRENCY, GENERATE_TASK, QUEUE_NAME, WorkerSettings
+
+settings = WorkerSettings.from_env()
+
+app = Celery("tokenfleet", broker=settings.redis_url, include=["workers.tasks"])
+app.conf.update(
+    task_serializer="json",
+    accept_content=["json"],
+    result_serializer="json",
+    event_serializer="json",
+    task_ignore_result=True,
+    result_backend=None,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    # Generations are long HTTP streams: threads, not processes (``celery -A workers.app worker`` too).
+    worker_pool="threads",
+    worker_concurrency=DEFAULT_CONCURRENCY,
+    broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+    broker_connection_retry_on_startup=True,
+    task_default_queue=QUEUE_NAME,
+    task_routes={GENERATE_TASK: {"queue": QUEUE_NAME}},
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+    task_track_started=True,
+    worker_hijack_root_logger=False,
+    worker_cancel_long_running_tasks_on_connection_loss=False,
+)

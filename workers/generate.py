@@ -1,0 +1,243 @@
+"""What one generate task does with one sample: admit, stream, record, commit.
+
+The order is what makes a crash harmless: the record is written (and flushed) before the ledger commit,
+and the Celery message is acknowledged only after both (acks_late). A crash before the commit leaves a
+record the ledger does not name (export ignores it) and a lease that expires, so the sample is fed again;
+the commit is exactly-once per sample (the done hash), so a second generation is never counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from budget import Admission, Ledger, Progress
+from budget.ledger import DatasetState
+from workers.leases import Lease, LeaseKeeper
+from workers.rids import new_rid
+from workers.servers import ServerPicker
+from workers.sglang.client import (
+    Generation,
+    ProtocolError,
+    RequestRejected,
+    ServerUnavailable,
+    SGLangClient,
+    SGLangError,
+)
+
+log = logging.getLogger(__name__)
+
+#: Attempts per sample against 5xx, dropped connections and server-side aborts, before it is failed.
+DEFAULT_MAX_ATTEMPTS: Final = 5
+#: Exponential backoff with full jitter between attempts: base * 2**n, capped.
+BACKOFF_BASE_S: Final = 1.0
+BACKOFF_CAP_S: Final = 30.0
+#: Tokens between streamed chunks when the dataset's sampling does not say: each chunk is one ledger
+#: update, and the budget can be overshot by at most this many tokens per generation in flight.
+DEFAULT_STREAM_INTERVAL: Final = 8
+
+
+def backoff_s(attempt: int, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> float:
+    """Full-jitter exponential backoff before retry number ``attempt`` (1-based)."""
+    return random.uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a task reports (Flower shows it as the task's result)."""
+
+    outcome: str
+    reason: str = ""
+    tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "reason": self.reason, "tokens": self.tokens}
+
+
+class SampleRunner:
+    def __init__(
+        self,
+        ledger: Ledger,
+        client: SGLangClient,
+        sink: Any,
+        keeper: LeaseKeeper,
+        lease_ms: int,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.ledger = ledger
+        self.client = client
+        self.sink = sink
+        self.keeper = keeper
+        self.lease_ms = lease_ms
+        self.picker = ServerPicker()
+        self.sleep = sleep
+
+    def run(self, dataset: str, sample: dict[str, Any]) -> Outcome:
+        sid = str(sample["sample_id"])
+        attempt = uuid.uuid4().hex[:16]
+        admitted = self.ledger.admit(dataset, sid, attempt, self.lease_ms)
+        if admitted.admission is not Admission.OK or admitted.spec is None:
+            return Outcome("dropped", admitted.admission.value)
+        lease = self.keeper.hold(dataset, sid, attempt)
+        try:
+            return self._generate(dataset, sample, sid, attempt, admitted.spec, lease)
+        except BaseException:
+            # Anything unplanned (a bug, the disk full, a warm shutdown): give the sample back.
+            self.ledger.release(dataset, sid, attempt, "worker_error")
+            raise
+        finally:
+            self.keeper.drop(lease)
+
+    def _generate(
+        self, dataset: str, sample: dict[str, Any], sid: str, attempt: str, spec: dict[str, Any], lease: Lease
+    ) -> Outcome:
+        servers: list[str] = spec["servers"]
+        sampling = dict(spec["sampling"])
+        sampling.setdefault("stream_interval", DEFAULT_STREAM_INTERVAL)
+        max_attempts = int(spec.get("max_attempts", DEFAULT_MAX_ATTEMPTS))
+        last_error: SGLangError | None = None
+        last_server: str | None = None
+        for try_no in range(1, max_attempts + 1):
+            if try_no > 1:
+                self.sleep(backoff_s(try_no - 1))
+                verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
+                if verdict is not Progress.CONTINUE or lease.lost.is_set():
+                    return self._give_back(dataset, sid, attempt, state, verdict, 0)
+            live = 0
+            stop: tuple[Progress, str] | None = None
+
+            def on_tokens(n: int) -> bool:
+                nonlocal live, stop
+                live += n
+                if lease.lost.is_set():
+                    stop = (Progress.LOST, "")
+                    return False
+                verdict, state = self.ledger.progress(dataset, sid, attempt, n, self.lease_ms)
+                if verdict is not Progress.CONTINUE:
+                    stop = (verdict, state)
+                    return False
+                return True
+
+            with self.picker.use(servers, avoid=last_server) as server:
+                try:
+                    gen = self.client.generate(
+                        server,
+                        rid=new_rid(dataset),
+                        sampling_params=sampling,
+                        input_ids=sample.get("input_ids"),
+                        text=sample.get("text"),
+                        timeout_s=float(spec.get("timeout_s", 1800)),
+                        on_tokens=on_tokens,
+                    )
+                except (RequestRejected, ProtocolError) as e:
+                    return self._fail(dataset, sample, sid, attempt, spec, e.message, live)
+                except ServerUnavailable as e:
+                    last_error, last_server = e, server
+                    self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
+                    log.warning("%s/%s attempt %d: %s", dataset, sid, try_no, e)
+                    continue
+            if stop is not None:
+                verdict, state = stop
+                return self._stopped(dataset, sample, sid, attempt, spec, gen, verdict, state)
+            if gen.aborted:  # the server aborted it on its own (retraction, restart): generate again
+                last_error = ServerUnavailable(f"{server}: aborted by the server: {gen.finish_reason}")
+                last_server = server
+                self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
+                continue
+            return self._record(dataset, sample, sid, attempt, spec, gen, truncated=False)
+        reason = f"gave up after {max_attempts} attempts: {last_error.message if last_error else '?'}"
+        return self._fail(dataset, sample, sid, attempt, spec, reason, 0)
+
+    def _stopped(
+        self,
+        dataset: str,
+        sample: dict[str, Any],
+        sid: str,
+        attempt: str,
+        spec: dict[str, Any],
+        gen: Generation,
+        verdict: Progress,
+        state: str,
+    ) -> Outcome:
+        """We cut the generation: the budget was reached, the dataset revoked, or the lease lost."""
+        if verdict is Progress.STOP and state != DatasetState.REVOKED:
+            policy = spec.get("on_budget", "truncate")
+            if policy == "truncate":
+                return self._record(dataset, sample, sid, attempt, spec, gen, truncated=True)
+            self.ledger.release(
+                dataset, sid, attempt, "discarded", gen.completion_tokens, counts_against_budget=True
+            )
+            return Outcome("discarded", "token budget reached", gen.completion_tokens)
+        return self._give_back(dataset, sid, attempt, state, verdict, gen.completion_tokens)
+
+    def _give_back(
+        self, dataset: str, sid: str, attempt: str, state: str, verdict: Progress, thrown_away: int
+    ) -> Outcome:
+        reason = "lease_lost" if verdict is Progress.LOST else state or "stopped"
+        self.ledger.release(dataset, sid, attempt, reason, thrown_away)
+        return Outcome("dropped", reason, thrown_away)
+
+    def _record(
+        self,
+        dataset: str,
+        sample: dict[str, Any],
+        sid: str,
+        attempt: str,
+        spec: dict[str, Any],
+        gen: Generation,
+        *,
+        truncated: bool,
+    ) -> Outcome:
+        record = {
+            "id": sid,
+            "dataset": dataset,
+            "input_ids": sample.get("input_ids"),
+            "output_ids": gen.output_ids,
+            "text": gen.text,
+            "finish_reason": gen.finish_reason,
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": gen.completion_tokens,
+            "truncated": truncated,
+            "meta": sample.get("meta") or {},
+            "line_no": sample.get("line_no"),
+            "attempt": attempt,
+            "rid": gen.rid,
+            "server": gen.server,
+            "created_at": time.time(),
+        }
+        self.sink.write_record(Path(spec["output_dir"]) / dataset, record, spec.get("fsync", "always"))
+        outcome = self.ledger.commit(dataset, sid, attempt, gen.completion_tokens, truncated)
+        return Outcome(
+            outcome.value, "truncated at the token budget" if truncated else "", gen.completion_tokens
+        )
+
+    def _fail(
+        self,
+        dataset: str,
+        sample: dict[str, Any],
+        sid: str,
+        attempt: str,
+        spec: dict[str, Any],
+        reason: str,
+        wasted: int,
+    ) -> Outcome:
+        self.sink.write_failure(
+            Path(spec["output_dir"]) / dataset,
+            {
+                "id": sid,
+                "dataset": dataset,
+                "line_no": sample.get("line_no"),
+                "reason": reason,
+                "attempt": attempt,
+                "failed_at": time.time(),
+            },
+            spec.get("fsync", "always"),
+        )
+        self.ledger.fail(dataset, sid, attempt, reason, wasted)
+        return Outcome("failed", reason, wasted)

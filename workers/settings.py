@@ -1,0 +1,54 @@
+"""Worker settings. Workers need only ``TOKENFLEET_REDIS_URL``: everything about a dataset (servers,
+sampling, limits) comes from the ledger at each task, so a running worker never acts on a stale config.
+The rest are knobs with safe defaults, read from the environment once at start.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Final
+
+from budget.location import redis_url_from_env
+
+#: The Celery queue every generate task goes through.
+QUEUE_NAME: Final = "tokenfleet"
+
+#: Name of the generate task, as Flower shows it.
+GENERATE_TASK: Final = "tokenfleet.generate"
+
+#: Redis broker visibility timeout: a message not acknowledged in this time is delivered again. It must
+#: exceed the longest generation (request timeout 1800 s by default, plus retries), or a running task's
+#: message would be handed to a second worker (kombu redis transport, ``visibility_timeout``). A second
+#: delivery is harmless (the sample's lease drops it) but wasteful.
+DEFAULT_VISIBILITY_TIMEOUT_S: Final = 7200
+
+#: A generation's lease in the ledger lives this long without renewal; a worker renews every quarter.
+DEFAULT_LEASE_S: Final = 60.0
+
+#: Threads per worker process: generations are long I/O-bound HTTP streams.
+DEFAULT_CONCURRENCY: Final = 32
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw else default
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    redis_url: str
+    visibility_timeout_s: float
+    lease_s: float
+
+    @classmethod
+    def from_env(cls) -> WorkerSettings:
+        return cls(
+            redis_url=redis_url_from_env(),
+            visibility_timeout_s=_env_float("TOKENFLEET_VISIBILITY_TIMEOUT_S", DEFAULT_VISIBILITY_TIMEOUT_S),
+            lease_s=_env_float("TOKENFLEET_LEASE_S", DEFAULT_LEASE_S),
+        )
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_s * 1000)

@@ -1,0 +1,278 @@
+"""A synchronous client for SGLang's native ``/generate``, streaming, with abort.
+
+Errors are classified by HTTP status, never by message text (``shared/reference/sglang-http.md``):
+4xx is the input's fault (``RequestRejected``, not retried), 5xx and transport errors are retryable
+(``ServerUnavailable``), and an answer without ``output_ids`` is a configuration error (``ProtocolError``,
+sglang < 0.5.2). A 200 can still be an abort: callers read ``Generation.finish_reason``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import httpx
+import orjson
+
+from workers.sglang import protocol
+
+#: After asking the server to abort, how long to keep reading for its final chunk (the exact partial
+#: output) before closing the stream ourselves.
+ABORT_GRACE_S: Final = 2.0
+
+#: Connect timeout: a server that does not accept a connection in this time is treated as down.
+CONNECT_TIMEOUT_S: Final = 10.0
+
+#: Our ``finish_reason`` when we cut a stream and the server sent no final chunk in the grace time.
+LOCAL_ABORT_MESSAGE: Final = "Aborted by tokenfleet"
+
+#: Called with the number of new tokens in each streamed chunk; returns False to stop the generation.
+OnTokens = Callable[[int], bool]
+
+
+class SGLangError(Exception):
+    """Root of the client's errors."""
+
+    def __init__(self, message: str, *, server: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.server = server
+        self.status = status
+
+
+class RequestRejected(SGLangError):
+    """4xx: the request itself is wrong (unknown sampling key, prompt too long). Never retried."""
+
+
+class ServerUnavailable(SGLangError):
+    """5xx, a transport error, a dropped stream or a timeout: retry, with a new rid."""
+
+
+class ProtocolError(SGLangError):
+    """The server's answer lacks what we need (``output_ids``): a configuration error, not retried."""
+
+
+@dataclass(slots=True)
+class Generation:
+    """One finished (or stopped) ``/generate`` call."""
+
+    rid: str
+    server: str
+    output_ids: list[int]
+    text: str
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    #: We asked for the stop (``on_tokens`` returned False).
+    stopped_by_us: bool = False
+
+    @property
+    def aborted(self) -> bool:
+        return protocol.is_abort(self.finish_reason)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class StreamAccumulator:
+    """Folds streamed chunks into the full output, for cumulative and incremental ``output_ids``.
+
+    SGLang streams cumulative ``output_ids`` by default and deltas with ``--incremental-streaming-output``;
+    ``meta_info.completion_tokens`` is cumulative in both, so a chunk whose ids are as long as
+    ``completion_tokens`` is cumulative, and otherwise a delta.
+    """
+
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+
+    def feed(self, chunk: dict[str, Any]) -> int:
+        """Take one chunk; returns how many new tokens it brought."""
+        meta = chunk.get("meta_info") or {}
+        completion = int(meta.get("completion_tokens") or 0)
+        ids = chunk.get("output_ids")
+        if ids is None:
+            if completion:
+                raise ProtocolError(
+                    "the server's answer has no output_ids (sglang older than 0.5.2?): "
+                    "tokenfleet needs the exact token ids"
+                )
+            ids = []
+        before = len(self.output_ids)
+        text = chunk.get("text") or ""
+        if len(ids) == completion:  # cumulative (a delta is this long only when it is the first one)
+            self.output_ids = list(ids)
+        else:
+            self.output_ids.extend(ids)
+        # ``text`` may be cumulative even when the ids are deltas: keep whichever extends what we have.
+        self.text = text if text.startswith(self.text) else self.text + text
+        self.meta_info = meta
+        if meta.get("finish_reason") is not None:
+            self.finished = True
+        return len(self.output_ids) - before
+
+
+def _error_message(body: bytes) -> str:
+    """The message of SGLang's error shapes: {"error": str}, {"error": {"message"}}, {"message"}."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace").strip()[:500] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            return str(err.get("message") or err)
+        return str(err)
+    return str(data)
+
+
+def _raise_for_status(server: str, status: int, body: bytes) -> None:
+    if status < 400:
+        return
+    message = _error_message(body)
+    cls = RequestRejected if 400 <= status < 500 and status not in (408, 429) else ServerUnavailable
+    raise cls(f"HTTP {status}: {message}", server=server, status=status)
+
+
+def _iter_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of an SSE stream, up to ``data: [DONE]``."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == protocol.SSE_DONE.decode():
+            return
+        yield orjson.loads(data)
+
+
+class SGLangClient:
+    """Thread-safe: one per worker process, shared by its threads."""
+
+    def __init__(self, *, max_connections: int = 256) -> None:
+        self._http = httpx.Client(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            headers={"Content-Type": "application/json"},
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SGLangClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- small endpoints ------------------------------------------------------------------------
+
+    def get_json(self, server: str, path: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        try:
+            r = self._http.get(server + path, timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise ServerUnavailable(f"{server}: {type(e).__name__}: {e}", server=server) from None
+        _raise_for_status(server, r.status_code, r.content)
+        data: dict[str, Any] = orjson.loads(r.content)
+        return data
+
+    def server_info(self, server: str) -> dict[str, Any]:
+        return self.get_json(server, protocol.SERVER_INFO_PATH)
+
+    def abort(self, server: str, rid: str, timeout_s: float = 5.0) -> None:
+        """Ask ``server`` to abort ``rid`` (a prefix match on the server: pass full rids)."""
+        # A failed abort is not an error: closing our stream aborts the request as well.
+        with contextlib.suppress(httpx.HTTPError):
+            self._http.post(
+                server + protocol.ABORT_PATH, content=orjson.dumps({"rid": rid}), timeout=timeout_s
+            )
+
+    # --- generate -------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        server: str,
+        *,
+        rid: str,
+        sampling_params: dict[str, Any],
+        input_ids: list[int] | None = None,
+        text: str | None = None,
+        timeout_s: float = 1800.0,
+        on_tokens: OnTokens | None = None,
+    ) -> Generation:
+        """Stream one generation from ``server``. ``on_tokens`` sees each chunk's new tokens and may stop it.
+
+        Raises ``RequestRejected``, ``ServerUnavailable`` or ``ProtocolError``.
+        """
+        payload: dict[str, Any] = {"rid": rid, "sampling_params": sampling_params, "stream": True}
+        if input_ids is not None:
+            payload["input_ids"] = input_ids
+        else:
+            payload["text"] = text
+        deadline = time.monotonic() + timeout_s
+        timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
+        acc = StreamAccumulator()
+        stopped = False
+        try:
+            with self._http.stream(
+                "POST", server + protocol.GENERATE_PATH, content=orjson.dumps(payload), timeout=timeout
+            ) as response:
+                if response.status_code != 200:
+                    _raise_for_status(server, response.status_code, response.read())
+                stopped = self._read_stream(server, rid, response, acc, deadline, on_tokens)
+        except httpx.HTTPError as e:
+            raise ServerUnavailable(f"{server}: {type(e).__name__}: {e}", server=server) from None
+        except orjson.JSONDecodeError as e:
+            raise ServerUnavailable(f"{server}: malformed stream chunk: {e}", server=server) from None
+        if not acc.finished and not stopped:
+            raise ServerUnavailable(
+                f"{server}: the stream ended before the generation finished", server=server
+            )
+        meta = acc.meta_info
+        finish = meta.get("finish_reason")
+        if stopped and not protocol.is_abort(finish):
+            finish = {"type": protocol.FINISH_ABORT, "message": LOCAL_ABORT_MESSAGE}
+        return Generation(
+            rid=rid,
+            server=server,
+            output_ids=acc.output_ids,
+            text=acc.text,
+            finish_reason=finish,
+            prompt_tokens=int(meta.get("prompt_tokens") or len(input_ids or [])),
+            completion_tokens=len(acc.output_ids),
+            meta_info=meta,
+            stopped_by_us=stopped,
+        )
+
+    def _read_stream(
+        self,
+        server: str,
+        rid: str,
+        response: httpx.Response,
+        acc: StreamAccumulator,
+        deadline: float,
+        on_tokens: OnTokens | None,
+    ) -> bool:
+        """Reads chunks into ``acc``; returns True when we stopped the generation."""
+        stop_deadline: float | None = None
+        for chunk in _iter_events(response.iter_lines()):
+            if "error" in chunk and "meta_info" not in chunk:
+                err = chunk["error"]
+                status = err.get("code") or err.get("status_code") if isinstance(err, dict) else None
+                _raise_for_status(server, int(status or 500), orjson.dumps(chunk))
+            new = acc.feed(chunk)
+            if acc.finished:
+                return stop_deadline is not None
+            now = time.monotonic()
+            if stop_deadline is not None:
+                if now > stop_deadline:
+                    return True  # the server sent no final chunk in time: closing the stream aborts it
+                continue
+            if now > deadline:
+                self.abort(server, rid)
+                raise ServerUnavailable(f"{server}: no answer within the request timeout", server=server)
+            if on_tokens is not None and new and not on_tokens(new):
+                self.abort(server, rid)
+                stop_deadline = now + ABORT_GRACE_S
+        return stop_deadline is not None
