@@ -42,6 +42,7 @@ class Admission(enum.StrEnum):
 
     OK = "ok"
     DONE = "done"
+    FAILED = "failed"
     LEASED = "leased"
     PAUSED = "paused"
     REVOKED = "revoked"
@@ -60,6 +61,7 @@ class CommitOutcome(enum.StrEnum):
     COMMITTED = "committed"
     DUPLICATE = "duplicate"
     OVER_LIMIT = "over_limit"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +289,7 @@ class Ledger:
                 "lease_owner_hash",
                 "live_hash",
                 "pending_hash",
+                "failed_hash",
             ),
             [sample_id, attempt, lease_ms],
         )
@@ -371,7 +374,9 @@ class Ledger:
         return int(
             self._run(
                 "reclaim",
-                k.for_lua("ledger_hash", "lease_zset", "lease_owner_hash", "live_hash", "pending_hash"),
+                k.for_lua(
+                    "ledger_hash", "lease_zset", "lease_owner_hash", "live_hash", "pending_hash", "done_hash"
+                ),
             )
         )
 

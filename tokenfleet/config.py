@@ -54,6 +54,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from budget.location import DEFAULT_REDIS_URL, REDIS_URL_ENV
 from producer.source import SourceError, check_source
 from workers.sglang.protocol import (
     SAMPLING_PARAM_KEYS,
@@ -70,14 +71,14 @@ __all__ = [
     "ConfigError",
     "DatasetConfig",
     "FleetConfig",
+    "FsyncPolicy",
     "OnBudget",
+    "RetryConfig",
     "ServerConfig",
     "load_config",
     "redact_url",
 ]
 
-DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
-REDIS_URL_ENV: Final = "TOKENFLEET_REDIS_URL"
 DEFAULT_OUTPUT_DIR: Final = "out"
 DEFAULT_TIMEOUT_S: Final = 1800.0
 DATASET_NAME_MAX_LEN: Final = 128
@@ -318,6 +319,21 @@ class ServerConfig(_Model):
             yield name, ([redact_url(u) for u in value] if name == "urls" else value)
 
 
+class RetryConfig(_Model):
+    """``[retry]``: how a worker retries 5xx answers, dropped streams and server-side aborts of a sample
+    (each attempt with a new rid) before it marks the sample failed. Backoff is exponential with full
+    jitter: a random wait in ``[0, min(backoff_cap_s, backoff_base_s * 2**n)]``."""
+
+    max_attempts: Annotated[int, Strict(), Field(ge=1, le=100)] = 5
+    backoff_base_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    backoff_cap_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0
+
+
+#: ``fsync``: "always" flushes each record to disk before the ledger counts it (a host crash loses
+#: nothing counted); "never" leaves it in the OS page cache (a killed process still loses nothing).
+FsyncPolicy = Literal["always", "never"]
+
+
 class DatasetConfig(_Model):
     """One ``[[dataset]]``. After `load_config`, ``path`` is absolute and ``sampling`` is the merged,
     effective ``sampling_params`` (``[sampling]`` then ``[dataset.sampling]``, with ``max_new_tokens``
@@ -340,6 +356,8 @@ class FleetConfig(_Model):
     sampling: SamplingParams = Field(default_factory=dict)
     datasets: list[DatasetConfig] = Field(min_length=1)
     source_path: Path
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    fsync: FsyncPolicy = "always"
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> FleetConfig:
@@ -379,6 +397,8 @@ class _ConfigFile(_Model):
     server: ServerConfig
     sampling: SamplingParams = Field(default_factory=dict)
     dataset: list[_DatasetTable] = Field(min_length=1)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    fsync: FsyncPolicy = "always"
 
 
 # ---------------------------------------------------------------------------------------- load_config
@@ -470,6 +490,8 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
             sampling=doc.sampling,
             datasets=[DatasetConfig(**d) for d in datasets],
             source_path=config_path.absolute(),
+            retry=doc.retry,
+            fsync=doc.fsync,
         )
     except ValidationError as exc:  # pragma: no cover - the file model checked all of it already
         raise _translate(exc, raw, locator, shown) from None

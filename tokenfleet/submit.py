@@ -49,6 +49,10 @@ def dataset_spec(cfg: FleetConfig, name: str) -> dict[str, Any]:
         "sampling": ds.sampling,
         "output_dir": str(cfg.output_dir),
         "on_budget": ds.on_budget,
+        "fsync": cfg.fsync,
+        "max_attempts": cfg.retry.max_attempts,
+        "backoff_base_s": cfg.retry.backoff_base_s,
+        "backoff_cap_s": cfg.retry.backoff_cap_s,
     }
 
 

@@ -101,11 +101,13 @@ class SampleRunner:
         sampling = dict(spec["sampling"])
         sampling.setdefault("stream_interval", DEFAULT_STREAM_INTERVAL)
         max_attempts = int(spec.get("max_attempts", DEFAULT_MAX_ATTEMPTS))
+        base_s = float(spec.get("backoff_base_s", BACKOFF_BASE_S))
+        cap_s = float(spec.get("backoff_cap_s", BACKOFF_CAP_S))
         last_error: SGLangError | None = None
         last_server: str | None = None
         for try_no in range(1, max_attempts + 1):
             if try_no > 1:
-                self.sleep(backoff_s(try_no - 1))
+                self.sleep(backoff_s(try_no - 1, base_s, cap_s))
                 verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
                 if verdict is not Progress.CONTINUE or lease.lost.is_set():
                     return self._give_back(dataset, sid, attempt, state, verdict, 0)

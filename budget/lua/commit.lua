@@ -2,9 +2,10 @@
 -- KEYS: ledger, done, leases, owners, live, pending
 -- ARGV: sid, attempt, completion_tokens, truncated (0 | 1)
 -- Returns {outcome, state}: committed | duplicate (already committed by another attempt) |
--- over_limit (max_samples already reached: not counted, so not exported).
+-- over_limit (max_samples already reached: not counted, so not exported) | unknown (forgotten dataset).
 local ledger, done, leases, owners, live, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local sid, attempt, n, truncated = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if not known(ledger) then return {'unknown', 'unknown'} end
 local mine = owns(owners, sid, attempt)
 if mine then drop_lease(ledger, leases, owners, live, sid) end
 local outcome = 'committed'

@@ -5,7 +5,9 @@
 local queued, pending = KEYS[1], KEYS[2]
 local n = 0
 for i = 2, #ARGV do
-  n = n + redis.call('ZREM', queued, ARGV[i])
-  redis.call('HSET', pending, ARGV[i], ARGV[1])
+  if redis.call('ZREM', queued, ARGV[i]) == 1 then
+    redis.call('HSET', pending, ARGV[i], ARGV[1])
+    n = n + 1
+  end
 end
 return n

@@ -1,8 +1,8 @@
 """The ledger's dataset scripts against real Redis: register, set_limits, set_state, set_source, snapshot.
 
-The producer's scripts (enqueue, unqueue) are tested in ``test_ledger_producer.py``, the worker's (admit,
-progress, renew, commit, fail, release, reclaim) in ``test_ledger_worker.py``, and many concurrent workers in
-``test_ledger_concurrency.py``.
+The producer's scripts (enqueue, unqueue) are tested in ``test_ledger_producer.py``; the worker's in
+``test_ledger_admit.py`` (admit, progress, renew) and ``test_ledger_outcome.py`` (commit, fail, release,
+reclaim); many concurrent workers in ``test_ledger_concurrency.py``.
 """
 
 from __future__ import annotations
@@ -323,11 +323,6 @@ def test_snapshot_does_not_count_an_expired_lease_as_inflight(ledger: Ledger) ->
     assert ledger.snapshot(DS).inflight == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="snapshot.lua counts an expired, not yet reclaimed lease neither as inflight nor as pending, "
-    "so settled is True while the sample is neither done nor failed nor pending",
-)
 def test_a_dataset_is_not_settled_while_an_expired_lease_waits_to_be_reclaimed(ledger: Ledger) -> None:
     make(ledger)
     ledger.set_source(DS, total=1, done=True)
@@ -462,6 +457,26 @@ def test_forget_deletes_every_key_of_the_dataset_and_only_that_one(
     assert ledger.snapshot("other").samples == 1
     assert make(ledger) == DatasetState.ACTIVE
     assert ledger.snapshot(DS).samples == 0
+
+
+@pytest.mark.parametrize("late_call", ["commit", "fail", "release"])
+def test_an_attempt_ending_after_forget_does_not_bring_the_dataset_back(
+    ledger: Ledger, redis_client: redis.Redis, late_call: str
+) -> None:
+    make(ledger)
+    assert ledger.admit(DS, "s1", "a").admission is Admission.OK
+    ledger.forget(DS)
+
+    if late_call == "commit":
+        ledger.commit(DS, "s1", "a", 5)
+    elif late_call == "fail":
+        ledger.fail(DS, "s1", "a", "server error", wasted_tokens=5)
+    else:
+        ledger.release(DS, "s1", "a", "worker shutdown", thrown_away_tokens=5)
+
+    assert redis_client.keys(f"tf:{{{DS}}}:*") == []
+    with pytest.raises(UnknownDataset):
+        ledger.snapshot(DS)
 
 
 # --- Redis unreachable ------------------------------------------------------------------------------

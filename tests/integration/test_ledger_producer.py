@@ -231,11 +231,6 @@ def test_unqueue_counts_only_samples_that_were_queued(ledger: Ledger) -> None:
     assert ledger.unqueue(DS, ["s1", "never-queued"], "publish failed") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="unqueue.lua marks every sid pending, even one a worker already took from the queue and "
-    "committed; a done sample then stays pending forever and the dataset never settles",
-)
 def test_unqueue_does_not_make_a_sample_that_left_the_queue_pending(ledger: Ledger) -> None:
     # The publish looked failed to the producer (a timeout) but the task was delivered and committed.
     make(ledger)

@@ -317,11 +317,14 @@ async def _stream(
     renderer = Renderer(sim_request, config)
     try:
         await response.prepare(request)
-        while not sim_request.done:
-            await sim_request.wait()
+        while True:
+            ended = sim_request.done  # read before rendering: the request may end while we write
             events = renderer.pending_events(interval)
             if events:
                 await response.write(events)
+            if ended:
+                break
+            await sim_request.wait()
     except ConnectionError:
         return response  # the client is gone; handle_generate aborts the request
     if sim_request.outcome is Outcome.DROPPED:
@@ -377,6 +380,7 @@ async def handle_server_info(request: web.Request) -> web.Response:
     return json_response(
         {
             **dataclasses.asdict(config),
+            "port": request.url.port or config.port,
             "tokenizer_path": _tokenizer_path(config),
             "served_model_name": config.model_path,
             "incremental_streaming_output": config.incremental_output,
@@ -608,7 +612,9 @@ def build_parser() -> argparse.ArgumentParser:
     hints = typing.get_type_hints(SimConfig)
     for config_field in dataclasses.fields(SimConfig):
         flag = "--" + config_field.name.replace("_", "-")
-        help_text = config_field.metadata.get("help", "") + " (default: %(default)s)"
+        help_text = config_field.metadata.get("help", "")
+        if "default" not in help_text:
+            help_text += " (default: %(default)s)"
         kind = hints[config_field.name]
         if kind is bool:
             action = argparse.BooleanOptionalAction

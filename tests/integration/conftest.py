@@ -1,0 +1,178 @@
+"""The fleet's real parts for integration tests: worker processes on a real Redis, the simulator over
+real HTTP, and configs written to a temp folder.
+
+The fleet uses its own Redis database (``TOKENFLEET_TEST_FLEET_REDIS_URL``, default db 14), flushed once
+per session: worker processes and the Celery queue's routing keys live there for the whole session, so
+tests keep apart by unique dataset names instead of flushing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from budget import Ledger
+from tests.conftest import IN_CI
+from tokenfleet.local import start_worker, stop_process, wait_for_workers
+from tokenfleet.sim import SimConfig, SimServerThread
+
+FLEET_REDIS_URL = os.environ.get("TOKENFLEET_TEST_FLEET_REDIS_URL", "redis://127.0.0.1:6379/14")
+#: Short leases so a killed worker's samples come back within seconds in tests.
+WORKER_ENV = {"TOKENFLEET_LEASE_S": "3", "TOKENFLEET_VISIBILITY_TIMEOUT_S": "60"}
+WORKER_PROCESSES = 2
+WORKER_CONCURRENCY = 8
+
+
+@pytest.fixture(scope="session")
+def fleet_redis_url() -> str:
+    client = redis.Redis.from_url(FLEET_REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError as e:
+        if IN_CI:
+            raise
+        pytest.skip(f"no Redis at {FLEET_REDIS_URL}: {e}")
+    client.flushdb()
+    client.close()
+    return FLEET_REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def workers(
+    fleet_redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    logs = tmp_path_factory.mktemp("worker-logs")
+    names = [f"w{i}-{uuid.uuid4().hex[:6]}" for i in range(WORKER_PROCESSES)]
+    procs = [
+        start_worker(
+            fleet_redis_url,
+            concurrency=WORKER_CONCURRENCY,
+            name=name,
+            env=WORKER_ENV,
+            log_path=logs / f"{name}.log",
+        )
+        for name in names
+    ]
+    try:
+        wait_for_workers(fleet_redis_url, names)
+        yield procs
+    finally:
+        for p in procs:
+            stop_process(p)
+
+
+@pytest.fixture
+def fleet_ledger(fleet_redis_url: str) -> Iterator[Ledger]:
+    ledger = Ledger.from_url(fleet_redis_url)
+    yield ledger
+    ledger.client.close()
+
+
+class Sim:
+    """A running simulator with its stats."""
+
+    def __init__(self, server: SimServerThread) -> None:
+        self.server = server
+        self.url = server.url
+
+    def stats(self) -> dict[str, Any]:
+        data: dict[str, Any] = httpx.get(f"{self.url}/sim/stats", timeout=5).json()
+        return data
+
+    def configure(self, **knobs: Any) -> None:
+        httpx.post(f"{self.url}/sim/config", json=knobs, timeout=5).raise_for_status()
+
+    def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        r = httpx.post(
+            f"{self.url}/generate",
+            json={"input_ids": input_ids, "sampling_params": sampling_params},
+            timeout=30,
+        )
+        r.raise_for_status()
+        data: dict[str, Any] = r.json()
+        return data
+
+
+@pytest.fixture
+def sim_factory() -> Iterator[Callable[..., Sim]]:
+    started: list[SimServerThread] = []
+
+    def make(**overrides: Any) -> Sim:
+        config = SimConfig(**({"port": 0, "step_time_s": 0.002, "output_len_mean": 40.0} | overrides))
+        server = SimServerThread(config)
+        server.start()
+        started.append(server)
+        return Sim(server)
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def sim(sim_factory: Callable[..., Sim]) -> Sim:
+    return sim_factory()
+
+
+def unique(name: str) -> str:
+    return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def write_config(
+    folder: Path,
+    *,
+    redis_url: str,
+    servers: list[str],
+    datasets: list[dict[str, Any]],
+    sampling: dict[str, Any] | None = None,
+    top: dict[str, Any] | None = None,
+) -> Path:
+    """A TOML config; each dataset dict has name, rows (written to data/NAME.jsonl) and other keys."""
+    lines = [f"redis_url = {toml_value(redis_url)}", 'output_dir = "out"']
+    for k, v in (top or {}).items():
+        lines.append(f"{k} = {toml_value(v)}")
+    lines += ["", "[server]", f"urls = {toml_value(servers)}", "timeout_s = 60", "", "[sampling]"]
+    for k, v in (sampling or {"max_new_tokens": 256}).items():
+        lines.append(f"{k} = {toml_value(v)}")
+    for ds in datasets:
+        ds = dict(ds)
+        rows = ds.pop("rows", None)
+        ds_sampling = ds.pop("sampling", None)
+        if rows is not None:
+            write_jsonl(folder / "data" / f"{ds['name']}.jsonl", rows)
+            ds.setdefault("path", f"data/{ds['name']}.jsonl")
+        lines += ["", "[[dataset]]"] + [f"{k} = {toml_value(v)}" for k, v in ds.items()]
+        if ds_sampling:
+            lines += ["[dataset.sampling]"] + [f"{k} = {toml_value(v)}" for k, v in ds_sampling.items()]
+    path = folder / "tokenfleet.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
