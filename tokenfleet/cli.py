@@ -186,25 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _error(message: object) -> None:
+    """One plain line on stderr (no markup, no wrapping: messages hold paths and brackets)."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from tokenfleet.submit import SubmitError
+
     args = build_parser().parse_args(argv)
-    console = Console(stderr=False, highlight=False)
-    err = Console(stderr=True, highlight=False)
+    # Without a terminal (logs, CI, pipes) keep tables wide enough to read instead of 80 columns.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     try:
         return int(args.func(args, console))
-    except (ConfigError, SourceError) as e:
-        err.print(f"[red]error:[/] {e}", markup=True)
-    except LedgerError as e:
-        err.print(f"[red]error:[/] {e}")
+    except (ConfigError, SourceError, LedgerError, SubmitError) as e:
+        _error(e)
     except KeyboardInterrupt:
-        err.print("interrupted: nothing is lost; run the same command again to resume")
+        sys.stderr.write("interrupted: nothing is lost; run the same command again to resume\n")
         return EXIT_INTERRUPTED
-    except Exception as e:  # a SubmitError or another user-facing problem of a command
-        from tokenfleet.submit import SubmitError
-
-        if not isinstance(e, SubmitError):
-            raise
-        err.print(f"[red]error:[/] {e}")
     return EXIT_USAGE
 
 
