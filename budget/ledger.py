@@ -184,7 +184,7 @@ class Ledger:
 
     @_translate_errors
     def datasets(self) -> list[str]:
-        return sorted(self.client.smembers(DATASETS_SET))
+        return sorted(str(n) for n in self.client.smembers(DATASETS_SET))
 
     @_translate_errors
     def spec(self, name: str) -> dict[str, Any]:
@@ -262,7 +262,7 @@ class Ledger:
     @_translate_errors
     def pending_ids(self, name: str) -> set[str]:
         """Samples taken from the queue without a result (to feed again)."""
-        return set(self.client.hkeys(dataset_keys(name).pending_hash))
+        return {str(k) for k in self.client.hkeys(dataset_keys(name).pending_hash)}
 
     @_translate_errors
     def is_done(self, name: str, sample_ids: Iterable[str]) -> list[bool]:
@@ -429,7 +429,8 @@ class Ledger:
 
     @_translate_errors
     def failures(self, name: str) -> dict[str, str]:
-        return dict(self.client.hgetall(dataset_keys(name).failed_hash))
+        raw = self.client.hgetall(dataset_keys(name).failed_hash)
+        return {str(k): str(v) for k, v in raw.items()}
 
     @_translate_errors
     def forget(self, name: str) -> None:

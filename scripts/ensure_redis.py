@@ -22,8 +22,23 @@ def main() -> int:
         return 0
     folder = tempfile.mkdtemp(prefix="tokenfleet-redis-")
     subprocess.run(
-        [redis_server_binary(), "--port", "6379", "--bind", "127.0.0.1", "--daemonize", "yes",
-         "--save", "", "--appendonly", "no", "--dir", folder, "--logfile", f"{folder}/redis.log"],
+        [
+            redis_server_binary(),
+            "--port",
+            "6379",
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "yes",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            folder,
+            "--logfile",
+            f"{folder}/redis.log",
+        ],
         check=True,
     )
     for _ in range(100):
