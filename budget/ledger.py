@@ -61,6 +61,7 @@ class CommitOutcome(enum.StrEnum):
     COMMITTED = "committed"
     DUPLICATE = "duplicate"
     OVER_LIMIT = "over_limit"
+    REVOKED = "revoked"
     UNKNOWN = "unknown"
 
 
@@ -367,6 +368,13 @@ class Ledger:
             [sample_id, attempt, reason, thrown_away_tokens, int(counts_against_budget)],
         )
         return state
+
+    @_translate_errors
+    def purge_queue(self, name: str, queue_key: str, reason: str) -> int:
+        """Remove ``name``'s waiting messages from the broker list ``queue_key``; their samples become
+        pending with ``reason``. Returns how many messages were removed."""
+        k = dataset_keys(name)
+        return int(self._run("purge_queue", [queue_key, k.queued_zset, k.pending_hash], [name, reason]))
 
     @_translate_errors
     def reclaim(self, name: str) -> int:

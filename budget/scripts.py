@@ -25,6 +25,7 @@ SCRIPT_NAMES: Final = (
     "reclaim",
     "set_source",
     "snapshot",
+    "purge_queue",
 )
 
 

@@ -107,12 +107,16 @@ class Feeder:
         feeds: Sequence[DatasetFeed],
         window: int = DEFAULT_WINDOW,
         batch: int = DEFAULT_BATCH,
+        queue_key: str | None = None,
     ) -> None:
         self.ledger = ledger
         self.publish = publish
         self.feeds = list(feeds)
         self.window = window
         self.batch = batch
+        #: The broker's queue list: a dataset that stops (limit, revoke, pause) has its waiting messages
+        #: purged from it at once instead of each being dropped by a worker.
+        self.queue_key = queue_key
 
     def snapshots(self) -> list[DatasetSnapshot]:
         return [self.ledger.snapshot(f.name) for f in self.feeds]
@@ -137,6 +141,8 @@ class Feeder:
                 continue
             all_settled = False
             if snap.state != DatasetState.ACTIVE:
+                if snap.queued and self.queue_key is not None:
+                    self.ledger.purge_queue(feed.name, self.queue_key, snap.state)
                 continue
             if feed.passes == 0:
                 feed.start_pass()

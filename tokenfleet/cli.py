@@ -79,9 +79,11 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_control(args: argparse.Namespace, console: Console) -> int:
-    ledger = _ledger(args)
-    state = ledger.set_state(args.name, args.command)
-    console.print(f"{args.name}: {state}")
+    from tokenfleet.control import ACTIONS
+
+    state, purged = ACTIONS[args.command](_ledger(args), args.name)
+    dropped = f"; {purged:,} queued task(s) dropped" if purged else ""
+    console.print(f"{args.name}: {state}{dropped}")
     return EXIT_OK
 
 

@@ -124,9 +124,9 @@ def start_worker(
 
 def wait_for_workers(redis_url: str, names: list[str], timeout_s: float = START_TIMEOUT_S) -> None:
     """Until every named worker answers a Celery ping."""
-    from workers.app import app
+    from workers.app import make_app
 
-    app.conf.broker_url = redis_url
+    app = make_app(redis_url)
     deadline = time.monotonic() + timeout_s
     want = {n.split("@")[0] for n in names}
     while time.monotonic() < deadline:

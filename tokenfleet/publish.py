@@ -7,11 +7,16 @@ from collections.abc import Sequence
 from celery import Celery
 
 from producer.source import Sample
-from workers.settings import GENERATE_TASK, QUEUE_NAME
+from workers.settings import DATASET_STAMP, GENERATE_TASK, QUEUE_NAME, SAMPLE_ID_HEADER
 
 
 class TaskPublisher:
-    """Sends one task per sample; the dataset rides in the kwargs (Flower: ``kwargs:dataset=NAME``)."""
+    """Sends one task per sample.
+
+    The dataset rides three ways: in the kwargs (Flower shows and searches them: ``kwargs:dataset=NAME``),
+    as a Celery stamped header (``celery -A workers.app control revoke_by_stamped_headers dataset=NAME``),
+    and, with the sample id, in the message headers the ledger's queue purge reads.
+    """
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -26,4 +31,7 @@ class TaskPublisher:
                     kwargs={"dataset": dataset, "sample_id": sample_id, "sample": payload},
                     queue=QUEUE_NAME,
                     producer=producer,
+                    stamped_headers=[DATASET_STAMP],
+                    headers={SAMPLE_ID_HEADER: sample_id},
+                    **{DATASET_STAMP: dataset},
                 )

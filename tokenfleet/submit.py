@@ -20,6 +20,7 @@ from producer.feeder import DEFAULT_WINDOW, DatasetFeed, Feeder
 from tokenfleet.config import FleetConfig, redact_url
 from tokenfleet.publish import TaskPublisher
 from tokenfleet.view import status_table
+from workers.settings import QUEUE_NAME
 from workers.sglang.client import SGLangClient, SGLangError
 
 #: The prompt of the one-token probe sent to each server at submit (any valid token ids do).
@@ -124,16 +125,16 @@ def run_submit(
         with SGLangClient(max_connections=4) as client:
             check_servers(cfg, client)
 
-    from workers.app import app  # importing the app reads the environment; do it once checks passed
+    from workers.app import make_app
 
-    app.conf.broker_url = cfg.redis_url
+    app = make_app(cfg.redis_url)
     states = register(cfg, ledger)
     for name, state in states.items():
         if state in ("paused", "revoked"):
             console.print(f"[yellow]{name} is {state}: nothing is fed until `tokenfleet resume {name}`[/]")
     console.print(f"submitted {len(states)} dataset(s) to {redact_url(cfg.redis_url)}; waiting for workers")
 
-    feeder = Feeder(ledger, TaskPublisher(app), feeds_for(cfg), window=window)
+    feeder = Feeder(ledger, TaskPublisher(app), feeds_for(cfg), window=window, queue_key=QUEUE_NAME)
     if console.is_terminal:
         with Live(status_table(feeder.snapshots()), console=console, refresh_per_second=4) as live:
             return feeder.run(on_tick=lambda snaps: live.update(status_table(snaps)))

@@ -13,27 +13,34 @@ from workers.settings import DEFAULT_CONCURRENCY, GENERATE_TASK, QUEUE_NAME, Wor
 
 settings = WorkerSettings.from_env()
 
-app = Celery("tokenfleet", broker=settings.redis_url, include=["workers.tasks"])
-app.conf.update(
-    task_serializer="json",
-    accept_content=["json"],
-    result_serializer="json",
-    event_serializer="json",
-    task_ignore_result=True,
-    result_backend=None,
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
-    # Generations are long HTTP streams: threads, not processes (``celery -A workers.app worker`` too).
-    worker_pool="threads",
-    worker_concurrency=DEFAULT_CONCURRENCY,
-    broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
-    broker_connection_retry_on_startup=True,
-    task_default_queue=QUEUE_NAME,
-    task_routes={GENERATE_TASK: {"queue": QUEUE_NAME}},
-    worker_send_task_events=True,
-    task_send_sent_event=True,
-    task_track_started=True,
-    worker_hijack_root_logger=False,
-    worker_cancel_long_running_tasks_on_connection_loss=False,
-)
+
+def make_app(broker_url: str, visibility_timeout_s: float = settings.visibility_timeout_s) -> Celery:
+    """A Celery app on ``broker_url`` with the fleet's settings (workers, and producers that publish)."""
+    app = Celery("tokenfleet", broker=broker_url, include=["workers.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        event_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        # Generations are long HTTP streams: threads, not processes (``celery -A workers.app worker`` too).
+        worker_pool="threads",
+        worker_concurrency=DEFAULT_CONCURRENCY,
+        broker_transport_options={"visibility_timeout": visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        task_default_queue=QUEUE_NAME,
+        task_routes={GENERATE_TASK: {"queue": QUEUE_NAME}},
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_track_started=True,
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app
+
+
+app = make_app(settings.redis_url)

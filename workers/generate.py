@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from budget import Admission, Ledger, Progress
 from budget.ledger import DatasetState
+from workers.aborts import DatasetAborter
 from workers.leases import Lease, LeaseKeeper
 from workers.rids import new_rid
 from workers.servers import ServerPicker
@@ -76,6 +77,7 @@ class SampleRunner:
         self.keeper = keeper
         self.lease_ms = lease_ms
         self.picker = ServerPicker()
+        self.abort_dataset = DatasetAborter(client)
         self.sleep = sleep
 
     def run(self, dataset: str, sample: dict[str, Any]) -> Outcome:
@@ -123,6 +125,9 @@ class SampleRunner:
                 verdict, state = self.ledger.progress(dataset, sid, attempt, n, self.lease_ms)
                 if verdict is not Progress.CONTINUE:
                     stop = (verdict, state)
+                    if verdict is Progress.STOP:
+                        # Stop the dataset's other streams now, not at their next chunk.
+                        self.abort_dataset(dataset, servers)
                     return False
                 return True
 
@@ -147,7 +152,12 @@ class SampleRunner:
             if stop is not None:
                 verdict, state = stop
                 return self._stopped(dataset, sample, sid, attempt, spec, gen, verdict, state)
-            if gen.aborted:  # the server aborted it on its own (retraction, restart): generate again
+            if gen.aborted:
+                # Aborted by a dataset-wide abort (budget reached, revoked) or by the server on its own
+                # (retraction, restart): the ledger tells which.
+                verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
+                if verdict is not Progress.CONTINUE or lease.lost.is_set():
+                    return self._stopped(dataset, sample, sid, attempt, spec, gen, verdict, state)
                 last_error = ServerUnavailable(f"{server}: aborted by the server: {gen.finish_reason}")
                 last_server = server
                 self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
@@ -168,6 +178,8 @@ class SampleRunner:
         state: str,
     ) -> Outcome:
         """We cut the generation: the budget was reached, the dataset revoked, or the lease lost."""
+        if verdict is Progress.CONTINUE:  # the lease keeper found the lease taken back
+            verdict = Progress.LOST
         if verdict is Progress.STOP and state != DatasetState.REVOKED:
             policy = spec.get("on_budget", "truncate")
             if policy == "truncate":

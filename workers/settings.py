@@ -17,6 +17,12 @@ QUEUE_NAME: Final = "tokenfleet"
 #: Name of the generate task, as Flower shows it.
 GENERATE_TASK: Final = "tokenfleet.generate"
 
+#: Celery stamped header carrying the dataset (``revoke_by_stamped_headers dataset=NAME``).
+DATASET_STAMP: Final = "dataset"
+
+#: Message header carrying the sample id, read by the ledger's queue purge (``budget/lua/purge_queue.lua``).
+SAMPLE_ID_HEADER: Final = "tf_sample_id"
+
 #: Redis broker visibility timeout: a message not acknowledged in this time is delivered again. It must
 #: exceed the longest generation (request timeout 1800 s by default, plus retries), or a running task's
 #: message would be handed to a second worker (kombu redis transport, ``visibility_timeout``). A second

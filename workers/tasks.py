@@ -1,25 +1,36 @@
-"""The Celery task. Its kwargs carry the dataset and sample id, so Flower shows and searches them
-(``kwargs:dataset=NAME``)."""
+"""The Celery task and its signal hooks.
+
+The task's kwargs carry the dataset and sample id, so Flower shows and searches them
+(``kwargs:dataset=NAME``). A task dropped without generation (its dataset revoked, paused or at its
+limit, or the sample already done) is reported to Flower as revoked, with the reason, not as a success.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
+
+from celery import Task, signals
+from celery.exceptions import Ignore
+from celery.worker import state as worker_state
 
 from budget import Ledger
 from workers.app import app, settings
 from workers.generate import SampleRunner
 from workers.leases import LeaseKeeper
-from workers.settings import GENERATE_TASK
+from workers.settings import DATASET_STAMP, GENERATE_TASK
 from workers.sglang.client import SGLangClient
 from workers.sink import OutputSink
+
+log = logging.getLogger(__name__)
 
 _runner: SampleRunner | None = None
 _runner_lock = threading.Lock()
 
 
 def runner() -> SampleRunner:
-    """This process's runner, made on first use (after the pool forks or starts its threads)."""
+    """This process's runner, made on first use."""
     global _runner
     with _runner_lock:
         if _runner is None:
@@ -34,6 +45,32 @@ def runner() -> SampleRunner:
         return _runner
 
 
-@app.task(name=GENERATE_TASK, acks_late=True, ignore_result=True)
-def generate(dataset: str, sample_id: str, sample: dict[str, Any]) -> dict[str, Any]:
-    return runner().run(dataset, {**sample, "sample_id": sample_id}).as_dict()
+@app.task(name=GENERATE_TASK, bind=True, acks_late=True, ignore_result=True)
+def generate(self: Task, dataset: str, sample_id: str, sample: dict[str, Any]) -> dict[str, Any]:
+    outcome = runner().run(dataset, {**sample, "sample_id": sample_id})
+    if outcome.outcome == "dropped":
+        # Flower shows a task-revoked event as REVOKED; Ignore acknowledges the message and sends no
+        # task-succeeded event.
+        self.send_event("task-revoked", terminated=False, signum=None, expired=False, reason=outcome.reason)
+        raise Ignore()
+    return outcome.as_dict()
+
+
+@signals.task_revoked.connect
+def _revoked_by_stamp(request: Any = None, expired: bool = False, **_: Any) -> None:
+    """``celery control revoke_by_stamped_headers dataset=NAME`` drops tasks only in the workers that got
+    the broadcast, and only in memory: record it in the ledger, the truth every worker, the producer and
+    ``status`` read. The dataset becomes revoked and the dropped sample pending."""
+    if expired or request is None or getattr(request, "task", None) != GENERATE_TASK:
+        return
+    stamps = getattr(request, "stamps", None) or {}
+    dataset = stamps.get(DATASET_STAMP)
+    revoked = worker_state.revoked_stamps.get(DATASET_STAMP) or []
+    if not dataset or dataset not in (revoked if isinstance(revoked, list | tuple | set) else [revoked]):
+        return
+    kwargs = getattr(request, "kwargs", None) or {}
+    ledger = runner().ledger
+    ledger.revoke(dataset)
+    if kwargs.get("sample_id"):
+        ledger.unqueue(dataset, [str(kwargs["sample_id"])], "revoked")
+    log.info("dataset %s revoked by stamped header; the ledger now says revoked", dataset)

@@ -38,6 +38,24 @@ local function spent(ledger)
   return num(ledger, 'tokens') + num(ledger, 'discarded_tokens')
 end
 
+-- Whether starting one more generation could not fit in the token budget: committed plus live tokens plus
+-- what the running generations are still expected to produce (the mean committed length of this
+-- dataset, less what each has produced so far) reach it. Prompts are then not prefilled only to be cut
+-- after a few tokens.
+local function budget_blocked(ledger, leases)
+  local budget = limit(ledger, 'token_budget')
+  if not budget then return false end
+  local live = num(ledger, 'live_tokens')
+  local committed = spent(ledger)
+  local expected = 0
+  local samples = num(ledger, 'samples')
+  local inflight = redis.call('ZCARD', leases)
+  if samples > 0 and inflight > 0 then
+    expected = math.max(0, inflight * (num(ledger, 'tokens') / samples) - live)
+  end
+  return committed + live + expected >= budget
+end
+
 -- Which committed limit is reached, or nil.
 local function limit_reached(ledger)
   local budget = limit(ledger, 'token_budget')

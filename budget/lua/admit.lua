@@ -23,9 +23,8 @@ local verdict = 'ok'
 if state ~= 'active' then
   verdict = state
 else
-  local budget = limit(ledger, 'token_budget')
   local max = limit(ledger, 'max_samples')
-  if budget and spent(ledger) + num(ledger, 'live_tokens') >= budget then
+  if budget_blocked(ledger, leases) then
     verdict = 'limit'
   elseif max and num(ledger, 'samples') + redis.call('ZCARD', leases) >= max then
     verdict = 'limit'

@@ -2,7 +2,8 @@
 -- KEYS: ledger, done, leases, owners, live, pending
 -- ARGV: sid, attempt, completion_tokens, truncated (0 | 1)
 -- Returns {outcome, state}: committed | duplicate (already committed by another attempt) |
--- over_limit (max_samples already reached: not counted, so not exported) | unknown (forgotten dataset).
+-- over_limit (max_samples already reached: not counted, so not exported) | revoked (the operator stopped
+-- the dataset: nothing more of it is counted or exported; the sample is pending) | unknown (forgotten).
 local ledger, done, leases, owners, live, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local sid, attempt, n, truncated = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 if not known(ledger) then return {'unknown', 'unknown'} end
@@ -12,6 +13,9 @@ local outcome = 'committed'
 local max = limit(ledger, 'max_samples')
 if redis.call('HEXISTS', done, sid) == 1 then
   outcome = 'duplicate'
+elseif redis.call('HGET', ledger, 'state') == 'revoked' then
+  outcome = 'revoked'
+  redis.call('HSET', pending, sid, 'revoked')
 elseif max and num(ledger, 'samples') >= max then
   outcome = 'over_limit'
 end

@@ -114,16 +114,35 @@ def test_admit_says_limit_when_live_tokens_take_the_rest_of_the_budget(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
-    commit_new(ledger, "s0", 60)
+    commit_new(ledger, "s0", 10)  # mean length 10: in-flight s1 is past it, so nothing more is expected
     lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 39)
-    lease(ledger, "s2")  # 60 + 39 < 100
+    progress(ledger, "s1", "a1", 79)
+    lease(ledger, "s2")  # 10 + 79 < 100
 
-    progress(ledger, "s1", "a1", 1)  # 60 + 40 = 100
+    progress(ledger, "s1", "a1", 11)  # 10 + 90 = 100
     result = ledger.admit(DS, "s3", "a1")
 
     assert (result.admission, result.state) == (Admission.LIMIT, DatasetState.ACTIVE)
     assert pending(redis_client, ledger) == {"s3": "limit"}
+
+
+def test_admit_says_limit_when_running_generations_are_expected_to_fill_the_budget(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=100)
+    commit_new(ledger, "s0", 30)  # mean committed length: 30
+    lease(ledger, "s1")
+    progress(ledger, "s1", "a1", 5)
+    lease(ledger, "s2")  # 30 committed + 5 live + 25 expected of s1 = 60 < 100
+
+    # 30 + 5 live + (2 running x 30 - 5 live) expected = 90 < 100: one more fits
+    lease(ledger, "s3")
+    # 30 + 5 + (3 x 30 - 5) = 120 >= 100: a fourth would be prefilled only to be cut
+    result = ledger.admit(DS, "s4", "a1")
+
+    assert result.admission is Admission.LIMIT
+    assert ledger.snapshot(DS).tokens + ledger.snapshot(DS).live_tokens < 100
+    assert pending(redis_client, ledger) == {"s4": "limit"}
 
 
 def test_admit_says_limit_when_committed_plus_in_flight_samples_reach_max_samples(

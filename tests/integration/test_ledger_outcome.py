@@ -246,9 +246,9 @@ def test_release_counting_against_the_budget_adds_discarded_tokens_and_can_exhau
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100, on_budget="discard")
-    commit_new(ledger, "s0", 50)
     lease(ledger, "s1")
     lease(ledger, "s2")
+    commit_new(ledger, "s0", 50)
     progress(ledger, "s1", "a1", 30)
     progress(ledger, "s2", "a1", 25)
 

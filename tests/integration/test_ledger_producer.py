@@ -172,14 +172,14 @@ def test_enqueue_counts_committed_discarded_and_live_tokens_together_against_the
     ledger: Ledger,
 ) -> None:
     make(ledger, token_budget=100, on_budget="discard")
-    commit_new(ledger, "c", 50)
+    commit_new(ledger, "c", 1)  # a short mean, so the in-flight sample is expected to add nothing
     assert ledger.admit(DS, "d", "a").admission is Admission.OK
     ledger.release(DS, "d", "a", "discarded", thrown_away_tokens=30, counts_against_budget=True)
     assert ledger.admit(DS, "l", "a").admission is Admission.OK
-    progress(ledger, "l", "a", 19)
+    progress(ledger, "l", "a", 68)
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
 
-    progress(ledger, "l", "a", 1)  # 50 + 30 + 20 = 100
+    progress(ledger, "l", "a", 1)  # 1 + 30 + 69 = 100
 
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 

@@ -1,0 +1,334 @@
+"""Exact budgets and live control: policies at the budget, pause/resume, re-budget, revoke, purge."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from budget import DatasetLimits, Ledger
+from producer.source import Sample
+from tests.integration.conftest import Sim, unique, write_config
+from tests.integration.test_fleet_run import export, token_rows
+from tokenfleet import control
+from tokenfleet.cli import main
+from tokenfleet.publish import TaskPublisher
+from workers.rids import dataset_tag
+from workers.settings import QUEUE_NAME
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 60
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class BackgroundSubmit:
+    """``tokenfleet submit`` running in a thread, as an operator's terminal would."""
+
+    def __init__(self, config: Path, *extra: str) -> None:
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._run, args=(config, extra), daemon=True)
+        self.thread.start()
+
+    def _run(self, config: Path, extra: tuple[str, ...]) -> None:
+        self.code = main(["submit", str(config), "--no-server-check", *extra])
+
+    def wait(self, timeout_s: float = WAIT_S) -> int:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "submit did not settle"
+        assert self.code is not None
+        return self.code
+
+
+def generated_for(sim: Sim, dataset: str) -> int:
+    return int(sim.stats()["by_prefix"].get(dataset_tag(dataset), 0))
+
+
+@pytest.fixture
+def slow_sim(sim_factory: Callable[..., Sim]) -> Sim:
+    # ~200 tokens per answer at 200 tokens/s per stream: generations last about a second.
+    return sim_factory(step_time_s=0.005, output_len_mean=200.0, output_len_sigma=0.6)
+
+
+def budget_run(
+    policy: str, fleet_redis_url: str, fleet_ledger: Ledger, sim: Sim, tmp_path: Path, budget: int = 20_000
+) -> tuple[str, list[dict[str, Any]]]:
+    name = unique(policy)
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[sim.url],
+        datasets=[
+            {"name": name, "rows": token_rows(400, seed=5), "token_budget": budget, "on_budget": policy}
+        ],
+        sampling={"max_new_tokens": 1024},
+    )
+    assert main(["submit", str(config), "--no-server-check", "--window", "32"]) == 0
+    return name, export(fleet_ledger, name, tmp_path)
+
+
+def test_truncate_cuts_in_flight_generations_at_the_budget_and_keeps_them_marked(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, slow_sim: Sim, tmp_path: Path
+) -> None:
+    name, records = budget_run("truncate", fleet_redis_url, fleet_ledger, slow_sim, tmp_path)
+
+    snap = fleet_ledger.snapshot(name)
+    generated = generated_for(slow_sim, name)
+    exported = sum(r["completion_tokens"] for r in records)
+    truncated = [r for r in records if r["truncated"]]
+    assert snap.state == "exhausted"
+    assert snap.tokens == exported >= 20_000
+    assert generated <= 1.02 * 20_000, f"the server generated {generated} tokens for a 20,000 budget"
+    assert generated - exported <= 0.02 * 20_000, "more than 2% of the budget generated and not exported"
+    assert truncated and all(r["finish_reason"]["type"] == "abort" for r in truncated)
+    assert snap.truncated == len(truncated)
+
+
+def test_discard_drops_partial_outputs_and_reports_their_tokens_as_waste(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, slow_sim: Sim, tmp_path: Path
+) -> None:
+    name, records = budget_run("discard", fleet_redis_url, fleet_ledger, slow_sim, tmp_path)
+
+    snap = fleet_ledger.snapshot(name)
+    assert snap.state == "exhausted"
+    assert records and not any(r["truncated"] for r in records)
+    assert all(r["finish_reason"]["type"] in ("stop", "length") for r in records)
+    assert snap.discarded_tokens > 0
+    assert snap.tokens == sum(r["completion_tokens"] for r in records)
+    assert snap.tokens + snap.discarded_tokens >= 20_000
+    assert generated_for(slow_sim, name) <= 1.02 * 20_000
+
+
+def test_drain_lets_in_flight_generations_finish_with_complete_answers(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, slow_sim: Sim, tmp_path: Path
+) -> None:
+    name, records = budget_run("drain", fleet_redis_url, fleet_ledger, slow_sim, tmp_path)
+
+    snap = fleet_ledger.snapshot(name)
+    assert snap.state == "exhausted"
+    assert all(r["finish_reason"]["type"] in ("stop", "length") and not r["truncated"] for r in records)
+    assert snap.tokens == sum(r["completion_tokens"] for r in records) >= 20_000
+    assert snap.discarded_tokens == 0
+
+
+def test_pause_starts_no_generation_and_resume_loses_nothing(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = sim_factory(step_time_s=0.004, output_len_mean=60.0)
+    name = unique("paused")
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[sim.url],
+        datasets=[{"name": name, "rows": token_rows(200)}],
+    )
+    run = BackgroundSubmit(config, "--window", "64")
+    wait_until(lambda: name in fleet_ledger.datasets() and fleet_ledger.snapshot(name).samples >= 20)
+
+    assert main(["pause", name, "--redis-url", fleet_redis_url]) == 0
+    wait_until(lambda: fleet_ledger.snapshot(name).inflight == 0, what="in-flight generations to finish")
+    paused = fleet_ledger.snapshot(name)
+    requests = sim.stats()["requests"]
+    time.sleep(1.0)
+    assert paused.queued == 0  # the waiting tasks were purged into pending
+    assert sim.stats()["requests"] == requests  # no generation started while paused
+    assert fleet_ledger.snapshot(name).samples == paused.samples
+
+    assert main(["resume", name, "--redis-url", fleet_redis_url]) == 0
+    assert run.wait() == 0
+
+    snap = fleet_ledger.snapshot(name)
+    records = export(fleet_ledger, name, tmp_path)
+    assert snap.samples == len(records) == 200 and snap.pending == 0
+    assert len({r["id"] for r in records}) == 200
+
+
+def test_raising_the_budget_of_an_exhausted_dataset_makes_a_running_submit_feed_it_again(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = sim_factory(step_time_s=0.004, output_len_mean=40.0)
+    small, companion = unique("small_budget"), unique("companion")
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[sim.url],
+        datasets=[
+            {"name": small, "rows": token_rows(300, seed=2), "token_budget": 500},
+            {"name": companion, "rows": token_rows(400, seed=3), "max_samples": 400},
+        ],
+    )
+    run = BackgroundSubmit(config, "--window", "16")
+    wait_until(lambda: small in fleet_ledger.datasets() and fleet_ledger.snapshot(small).state == "exhausted")
+    exhausted_at = fleet_ledger.snapshot(small).samples
+
+    assert main(["budget", small, "3000", "--redis-url", fleet_redis_url]) == 0
+    assert run.wait() == 0
+
+    snap = fleet_ledger.snapshot(small)
+    assert snap.state == "exhausted" and snap.token_budget == 3000
+    assert snap.tokens >= 3000 and snap.samples > exhausted_at
+
+
+def test_revoke_stops_the_datasets_generation_within_2_seconds_and_the_others_go_on(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, slow_sim: Sim, tmp_path: Path
+) -> None:
+    revoked, other = unique("revoked"), unique("other")
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[slow_sim.url],
+        datasets=[
+            {"name": revoked, "rows": token_rows(300, seed=8)},
+            {"name": other, "rows": token_rows(300, seed=9), "max_samples": 40},
+        ],
+        sampling={"max_new_tokens": 1024},
+    )
+    run = BackgroundSubmit(config, "--window", "32")
+    wait_until(lambda: revoked in fleet_ledger.datasets() and fleet_ledger.snapshot(revoked).samples >= 5)
+
+    assert main(["revoke", revoked, "--redis-url", fleet_redis_url]) == 0
+    committed_at_revoke = fleet_ledger.snapshot(revoked).samples
+    time.sleep(2.0)
+    generated_at_2s = generated_for(slow_sim, revoked)
+    time.sleep(2.0)
+
+    assert generated_for(slow_sim, revoked) == generated_at_2s
+    assert run.wait() == 0
+    assert fleet_ledger.snapshot(revoked).state == "revoked"
+    assert fleet_ledger.snapshot(revoked).samples == committed_at_revoke
+    assert len(export(fleet_ledger, revoked, tmp_path)) == committed_at_revoke
+    assert fleet_ledger.snapshot(other).samples == 40
+
+
+@pytest.fixture
+def idle_broker() -> Iterator[tuple[str, Ledger]]:
+    """A Redis database with a queue no worker reads, to count what a purge leaves."""
+    url = os.environ.get("TOKENFLEET_TEST_IDLE_REDIS_URL", "redis://127.0.0.1:6379/13")
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        client.ping()
+    except redis.ConnectionError as e:
+        pytest.skip(f"no Redis at {url}: {e}")
+    client.flushdb()
+    yield url, Ledger(client)
+    client.flushdb()
+    client.close()
+
+
+def test_revoking_a_dataset_drops_10000_queued_tasks_within_5_seconds_and_keeps_the_others(
+    idle_broker: tuple[str, Ledger],
+) -> None:
+    from workers.app import make_app
+
+    url, ledger = idle_broker
+    app = make_app(url)
+    ledger.register("big", DatasetLimits(), {"servers": []})
+    ledger.register("kept", DatasetLimits(), {"servers": []})
+    publish = TaskPublisher(app)
+    for name, n in (("big", 10_000), ("kept", 100)):
+        samples = [Sample(f"{name}-{i}", i + 1, [3, 4, 5], None, {}) for i in range(n)]
+        for start in range(0, n, 1000):
+            batch = samples[start : start + 1000]
+            assert ledger.enqueue(name, [s.sample_id for s in batch], 20_000) == [1] * len(batch)
+            publish(name, batch)
+    assert ledger.client.llen(QUEUE_NAME) == 10_100
+
+    started = time.monotonic()
+    state, purged = control.revoke(ledger, "big")
+    elapsed = time.monotonic() - started
+
+    assert state == "revoked" and purged == 10_000
+    assert elapsed <= 5.0, f"purge took {elapsed:.2f} s"
+    assert ledger.client.llen(QUEUE_NAME) == 100
+    big, kept = ledger.snapshot("big"), ledger.snapshot("kept")
+    assert (big.queued, big.pending) == (0, 10_000)
+    assert (kept.queued, kept.pending) == (100, 0)
+
+
+def test_revoking_by_stamped_header_with_the_celery_cli_revokes_the_dataset_in_the_ledger(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, slow_sim: Sim, tmp_path: Path
+) -> None:
+    stamped, other = unique("stamped"), unique("unstamped")
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[slow_sim.url],
+        datasets=[
+            {"name": stamped, "rows": token_rows(300, seed=11)},
+            {"name": other, "rows": token_rows(200, seed=12), "max_samples": 30},
+        ],
+    )
+    run = BackgroundSubmit(config, "--window", "32")
+    wait_until(lambda: stamped in fleet_ledger.datasets() and fleet_ledger.snapshot(stamped).samples >= 3)
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "control",
+            "revoke_by_stamped_headers",
+            f"dataset={stamped}",
+        ],
+        env=dict(os.environ) | {"TOKENFLEET_REDIS_URL": fleet_redis_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+    wait_until(lambda: fleet_ledger.snapshot(stamped).state == "revoked", what="the ledger to say revoked")
+    assert run.wait() == 0
+    assert fleet_ledger.snapshot(stamped).samples < 300
+    assert fleet_ledger.snapshot(other).samples == 30
+
+
+def test_a_task_dropped_by_the_ledger_is_reported_to_flower_as_revoked_with_its_reason(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger
+) -> None:
+    from workers.app import make_app
+
+    app = make_app(fleet_redis_url)
+    name = unique("dropped_events")
+    fleet_ledger.register(name, DatasetLimits(), {"servers": ["http://127.0.0.1:1"], "sampling": {}})
+    fleet_ledger.pause(name)
+    events: list[dict[str, Any]] = []
+    with app.connection_for_read() as conn:
+        receiver = app.events.Receiver(conn, handlers={"*": events.append})
+        listening = threading.Thread(target=lambda: receiver.capture(limit=None, timeout=None), daemon=True)
+        listening.start()
+        time.sleep(0.5)
+        samples = [Sample(f"s{i}", i + 1, [3, 4], None, {}) for i in range(3)]
+        TaskPublisher(app)(name, samples)  # published past the ledger, as a stale producer might
+        try:
+            wait_until(
+                lambda: sum(1 for e in events if e["type"] == "task-revoked") >= 3,
+                timeout_s=20,
+                what="events",
+            )
+        finally:
+            receiver.should_stop = True
+    revoked = [e for e in events if e["type"] == "task-revoked"]
+    succeeded = {e["uuid"] for e in events if e["type"] == "task-succeeded"}
+    assert all(e.get("reason") == "paused" for e in revoked)
+    assert not succeeded & {e["uuid"] for e in revoked}
+    received = [e for e in events if e["type"] == "task-received"]
+    assert any(f"'dataset': '{name}'" in e.get("kwargs", "") for e in received)
+    assert fleet_ledger.snapshot(name).pending == 3
