@@ -8,7 +8,7 @@ exit code 2, with nothing half-done.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -117,8 +117,10 @@ def run_submit(
     *,
     server_check: bool = True,
     window: int = DEFAULT_WINDOW,
+    observer: Callable[[list[DatasetSnapshot]], None] | None = None,
 ) -> list[DatasetSnapshot]:
-    """Checks, registers and feeds; returns the settled snapshots. Raises SubmitError or LedgerError."""
+    """Checks, registers and feeds; returns the settled snapshots. Raises SubmitError or LedgerError.
+    ``observer`` sees every snapshot the progress display sees (benchmarks time state changes with it)."""
     ledger = Ledger.from_url(cfg.redis_url)
     ledger.ping()
     if server_check:
@@ -135,9 +137,19 @@ def run_submit(
     console.print(f"submitted {len(states)} dataset(s) to {redact_url(cfg.redis_url)}; waiting for workers")
 
     feeder = Feeder(ledger, TaskPublisher(app), feeds_for(cfg), window=window, queue_key=QUEUE_NAME)
+
+    def observed(show: Callable[[list[DatasetSnapshot]], None]) -> Callable[[list[DatasetSnapshot]], None]:
+        def tick(snaps: list[DatasetSnapshot]) -> None:
+            if observer is not None:
+                observer(snaps)
+            show(snaps)
+
+        return tick
+
+    tick_s = 0.05 if observer is not None else 0.5
     if console.is_terminal:
         with Live(status_table(feeder.snapshots()), console=console, refresh_per_second=4) as live:
-            return feeder.run(on_tick=lambda snaps: live.update(status_table(snaps)))
+            return feeder.run(on_tick=observed(lambda snaps: live.update(status_table(snaps))), tick_s=tick_s)
     last = [0.0]
 
     def plain(snaps: list[DatasetSnapshot]) -> None:
@@ -145,4 +157,4 @@ def run_submit(
             console.print(_plain_line(snaps))
             last[0] = time.monotonic()
 
-    return feeder.run(on_tick=plain)
+    return feeder.run(on_tick=observed(plain), tick_s=tick_s)

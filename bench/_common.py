@@ -1,0 +1,101 @@
+"""Shared pieces of the benchmarks: a simulator process, worker processes, a Redis database, tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from tokenfleet.local import free_port, start_worker, stop_process, wait_for_workers
+
+BENCH_REDIS_URL = os.environ.get("TOKENFLEET_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+@contextmanager
+def sim_process(**flags: Any) -> Iterator[str]:
+    """``tokenfleet sim`` in its own process (as a real server would be); yields its URL."""
+    port = free_port()
+    argv = [sys.executable, "-m", "tokenfleet.sim", "--port", str(port)]
+    for k, v in flags.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the simulator did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def sim_stats(url: str) -> dict[str, Any]:
+    data: dict[str, Any] = httpx.get(url + "/sim/stats", timeout=10).json()
+    return data
+
+
+@contextmanager
+def bench_redis() -> Iterator[str]:
+    client = redis.Redis.from_url(BENCH_REDIS_URL)
+    client.ping()
+    client.flushdb()
+    try:
+        yield BENCH_REDIS_URL
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@contextmanager
+def worker_processes(redis_url: str, processes: int, concurrency: int, logs: Path) -> Iterator[None]:
+    logs.mkdir(parents=True, exist_ok=True)
+    names = [f"bench{i}-{os.getpid()}" for i in range(processes)]
+    procs = [
+        start_worker(redis_url, concurrency=concurrency, name=n, log_path=logs / f"{n}.log") for n in names
+    ]
+    try:
+        wait_for_workers(redis_url, names)
+        yield
+    finally:
+        for p in procs:
+            stop_process(p)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    lines = [
+        "| " + " | ".join(str(h).ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+    text = "\n".join(lines)
+    print(text)
+    return text
