@@ -42,6 +42,8 @@ class DatasetKeys:
     #: Hash sample id -> why it went back to pending (dropped while paused, revoked, at a limit, a lease
     #: that expired, released): taken out of the queue without a result, to be fed again.
     pending_hash: str
+    #: Hash sample id -> how many attempts gave up on it after exhausting their retries.
+    strikes_hash: str
 
     def for_lua(self, *names: str) -> list[str]:
         """The named keys, in order, for a script's KEYS."""
@@ -60,4 +62,5 @@ def dataset_keys(name: str) -> DatasetKeys:
         lease_owner_hash=f"{base}:lease_owner:hash",
         live_hash=f"{base}:live:hash",
         pending_hash=f"{base}:pending:hash",
+        strikes_hash=f"{base}:strikes:hash",
     )

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Final, ParamSpec, TypeVar
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from budget.errors import LedgerUnavailable, UnknownDataset
 from budget.keys import DATASETS_SET, DatasetKeys, dataset_keys
@@ -18,6 +20,12 @@ from budget.scripts import register_scripts
 #: How long a generation's lease lives without renewal. A worker renews it every few seconds; a killed
 #: worker's samples are reclaimed this long after its last renewal.
 DEFAULT_LEASE_MS: Final = 60_000
+
+#: A sample queued this long whose message is no longer in the broker's queue is taken as lost.
+DEFAULT_QUEUED_AUDIT_MS: Final = 120_000
+
+#: Retries of a patient client's command on connection errors (backoff capped at 2 s: about 30 s).
+PATIENT_RETRIES: Final = 16
 
 #: ``enqueue`` codes (see ``budget/lua/enqueue.lua``).
 ENQUEUE_PUBLISH: Final = 1
@@ -138,10 +146,20 @@ def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def connect(url: str, **kwargs: Any) -> redis.Redis:
-    """A redis-py client for ``url`` (``redis://``, ``rediss://`` with TLS, credentials in the URL)."""
+def connect(url: str, *, patient: bool = False, **kwargs: Any) -> redis.Redis:
+    """A redis-py client for ``url`` (``redis://``, ``rediss://`` with TLS, credentials in the URL).
+
+    ``patient`` clients (workers, submit) ride out a Redis restart: each command is retried on connection
+    errors with jittered exponential backoff for about ``PATIENCE_S``. Scripts survive it too: redis-py
+    loads a script again when a restarted server answers NOSCRIPT. A retried write may have run once
+    already; every script is safe to repeat (commit answers duplicate, admit answers leased and the lease
+    expires, progress is corrected by the commit or release that follows).
+    """
     kwargs.setdefault("socket_connect_timeout", 5)
     kwargs.setdefault("health_check_interval", 30)
+    if patient:
+        kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), PATIENT_RETRIES))
+        kwargs.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
     return redis.Redis.from_url(url, decode_responses=True, **kwargs)
 
 
@@ -153,8 +171,8 @@ class Ledger:
         self._scripts = register_scripts(client)
 
     @classmethod
-    def from_url(cls, url: str) -> Ledger:
-        return cls(connect(url))
+    def from_url(cls, url: str, *, patient: bool = False) -> Ledger:
+        return cls(connect(url, patient=patient))
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
         return self._scripts[name](keys=list(keys), args=list(args))
@@ -377,6 +395,47 @@ class Ledger:
         return int(self._run("purge_queue", [queue_key, k.queued_zset, k.pending_hash], [name, reason]))
 
     @_translate_errors
+    def audit_queued(self, name: str, queue_key: str, older_than_ms: int = DEFAULT_QUEUED_AUDIT_MS) -> int:
+        """Samples marked queued long ago whose message is gone from ``queue_key`` become pending."""
+        k = dataset_keys(name)
+        return int(
+            self._run(
+                "audit_queued",
+                [queue_key, k.queued_zset, k.lease_zset, k.done_hash, k.pending_hash],
+                [name, older_than_ms],
+            )
+        )
+
+    @_translate_errors
+    def give_up(
+        self,
+        name: str,
+        sample_id: str,
+        attempt: str,
+        reason: str,
+        wasted_tokens: int = 0,
+        max_strikes: int = 3,
+    ) -> str:
+        """Retries ran out: the sample is pending again, or failed after ``max_strikes`` give-ups.
+        Returns "pending", "failed", "duplicate" or "unknown"."""
+        k = dataset_keys(name)
+        result: str = self._run(
+            "give_up",
+            k.for_lua(
+                "ledger_hash",
+                "done_hash",
+                "lease_zset",
+                "lease_owner_hash",
+                "live_hash",
+                "pending_hash",
+                "failed_hash",
+                "strikes_hash",
+            ),
+            [sample_id, attempt, reason, wasted_tokens, max_strikes],
+        )
+        return result
+
+    @_translate_errors
     def reclaim(self, name: str) -> int:
         k = dataset_keys(name)
         return int(
@@ -439,6 +498,44 @@ class Ledger:
     def failures(self, name: str) -> dict[str, str]:
         raw = self.client.hgetall(dataset_keys(name).failed_hash)
         return {str(k): str(v) for k, v in raw.items()}
+
+    @_translate_errors
+    def rebuild(
+        self,
+        name: str,
+        done: dict[str, str],
+        tokens: int,
+        truncated: int,
+        failed: dict[str, str],
+        chunk: int = 10_000,
+    ) -> str:
+        """Replace ``name``'s done-set, failures and counters with what the output files hold (reconcile),
+        in one MULTI transaction. Queued, in-flight and pending samples are cleared: run it with the fleet
+        stopped. Returns the dataset's state after its limits are applied again."""
+        k = dataset_keys(name)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(
+            k.done_hash,
+            k.failed_hash,
+            k.queued_zset,
+            k.lease_zset,
+            k.lease_owner_hash,
+            k.live_hash,
+            k.pending_hash,
+            k.strikes_hash,
+        )
+        items = list(done.items())
+        for i in range(0, len(items), chunk):
+            pipe.hset(k.done_hash, mapping=dict(items[i : i + chunk]))
+        fails = list(failed.items())
+        for i in range(0, len(fails), chunk):
+            pipe.hset(k.failed_hash, mapping=dict(fails[i : i + chunk]))
+        pipe.hset(
+            k.ledger_hash,
+            mapping={"tokens": tokens, "samples": len(done), "truncated": truncated, "live_tokens": 0},
+        )
+        pipe.execute()
+        return self.set_limits(name)
 
     @_translate_errors
     def forget(self, name: str) -> None:

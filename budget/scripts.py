@@ -26,6 +26,8 @@ SCRIPT_NAMES: Final = (
     "set_source",
     "snapshot",
     "purge_queue",
+    "give_up",
+    "audit_queued",
 )
 
 

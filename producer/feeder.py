@@ -9,6 +9,8 @@ quiet the feeder reads the source again to feed them.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +20,7 @@ from typing import Final
 
 import orjson
 
-from budget import DatasetSnapshot, Ledger
+from budget import DatasetSnapshot, Ledger, LedgerError
 from budget.ledger import (
     ENQUEUE_BUDGET_IN_FLIGHT,
     ENQUEUE_NOT_ACTIVE,
@@ -34,6 +36,18 @@ DEFAULT_WINDOW: Final = 512
 DEFAULT_BATCH: Final = 256
 #: Pause between rounds when nothing could be fed.
 IDLE_POLL_S: Final = 0.2
+
+#: Reclaim expired leases and audit queued samples this often.
+AUDIT_EVERY_S: Final = 5.0
+#: Wait between tries while Redis or the broker does not answer.
+OUTAGE_RETRY_S: Final = 2.0
+
+log = logging.getLogger(__name__)
+
+
+class PublishError(Exception):
+    """The broker refused a batch of tasks (it is probably restarting)."""
+
 
 #: Publishes samples of one dataset to the queue; raises if the broker refused.
 Publish = Callable[[str, Sequence[Sample]], None]
@@ -168,9 +182,13 @@ class Feeder:
             if to_publish:
                 try:
                     self.publish(feed.name, to_publish)
-                except Exception:
-                    self.ledger.unqueue(feed.name, [s.sample_id for s in to_publish], "publish_failed")
-                    raise
+                except Exception as e:
+                    # Some may have been published: unqueue makes pending only those still marked queued,
+                    # and a sample published and fed again is dropped on its second delivery.
+                    with contextlib.suppress(LedgerError):
+                        self.ledger.unqueue(feed.name, [s.sample_id for s in to_publish], "publish_failed")
+                    feed.put_back(samples[len(codes) :])
+                    raise PublishError(f"publishing to the queue failed: {e}") from e
                 feed.published_this_pass += len(to_publish)
             if codes and codes[-1] == ENQUEUE_WINDOW_FULL:
                 feed.put_back(samples[len(codes) - 1 :])
@@ -188,17 +206,33 @@ class Feeder:
         tick_s: float = 0.5,
         reclaim: bool = True,
     ) -> list[DatasetSnapshot]:
-        """Feed until every dataset is settled; returns the final snapshots."""
-        last_tick = 0.0
+        """Feed until every dataset is settled; returns the final snapshots.
+
+        Redis or the broker going away for a while (a restart) pauses feeding with a warning; the round is
+        tried again until they answer (Ctrl-C stops, and a rerun resumes)."""
+        last_tick = last_audit = 0.0
         while True:
-            if reclaim:
-                for feed in self.feeds:
-                    self.ledger.reclaim(feed.name)
-            done = self.step()
-            now = time.monotonic()
-            if on_tick is not None and (done or now - last_tick >= tick_s):
-                on_tick(self.snapshots())
-                last_tick = now
-            if done:
-                return self.snapshots()
+            try:
+                now = time.monotonic()
+                if now - last_audit >= AUDIT_EVERY_S:
+                    self._housekeeping(reclaim)
+                    last_audit = now
+                done = self.step()
+                if on_tick is not None and (done or now - last_tick >= tick_s):
+                    on_tick(self.snapshots())
+                    last_tick = now
+                if done:
+                    return self.snapshots()
+            except (LedgerError, PublishError) as e:
+                log.warning("feeding paused: %s; trying again in %.0f s", e, OUTAGE_RETRY_S)
+                time.sleep(OUTAGE_RETRY_S)
+                continue
             time.sleep(IDLE_POLL_S)
+
+    def _housekeeping(self, reclaim: bool) -> None:
+        """Take back expired leases and queued samples whose message was lost (see the ledger scripts)."""
+        for feed in self.feeds:
+            if reclaim:
+                self.ledger.reclaim(feed.name)
+            if self.queue_key is not None:
+                self.ledger.audit_queued(feed.name, self.queue_key)

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 from rich.console import Console
 
-from budget import Ledger, LedgerError
+from budget import Ledger, LedgerError, UnknownDataset
 from budget.location import redis_url_from_env
 from producer.source import SourceError
 from tokenfleet import __version__
@@ -84,6 +84,33 @@ def cmd_control(args: argparse.Namespace, console: Console) -> int:
     state, purged = ACTIONS[args.command](_ledger(args), args.name)
     dropped = f"; {purged:,} queued task(s) dropped" if purged else ""
     console.print(f"{args.name}: {state}{dropped}")
+    return EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace, console: Console) -> int:
+    from tokenfleet.reconcile import reconcile_dataset
+    from tokenfleet.submit import register
+
+    if args.config:
+        cfg = load_config(args.config)
+        ledger = Ledger.from_url(cfg.redis_url)
+        ledger.ping()
+        register(cfg, ledger)  # a lost ledger gets its datasets, limits and spec back from the config
+        targets = {ds.name: cfg.output_dir for ds in cfg.datasets}
+    else:
+        ledger = _ledger(args)
+        targets = {n: Path(ledger.spec(n)["output_dir"]) for n in ledger.datasets()}
+    names = args.names or sorted(targets)
+    for name in names:
+        if name not in targets:
+            raise UnknownDataset(name)
+        r = reconcile_dataset(ledger, name, targets[name])
+        console.print(
+            f"{name}: {r.samples:,} samples, {r.tokens:,} tokens ({r.truncated:,} truncated), "
+            f"{r.failed:,} failed from the output files; the ledger had {r.samples_before:,} samples, "
+            f"{r.tokens_before:,} tokens; {r.duplicates:,} second generations and {r.torn_lines:,} torn "
+            f"lines skipped; state {r.state}"
+        )
     return EXIT_OK
 
 
@@ -169,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("tokens", type=int)
     s.add_argument("--max-samples", type=int)
     s.set_defaults(func=cmd_budget)
+
+    s = with_redis(sub.add_parser("reconcile", help="rebuild the ledger of datasets from their output files"))
+    s.add_argument("names", nargs="*", help="datasets (default: all)")
+    s.add_argument("--config", help="re-register the datasets of this config first (for a lost ledger)")
+    s.set_defaults(func=cmd_reconcile)
 
     s = with_redis(sub.add_parser("worker", help="run a Celery worker sized for long generations"))
     s.add_argument("--concurrency", type=int, default=32, help="generations in flight (threads)")

@@ -14,11 +14,13 @@ from typing import Any, Final
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from budget import DatasetLimits, DatasetSnapshot, Ledger
 from producer.feeder import DEFAULT_WINDOW, DatasetFeed, Feeder
 from tokenfleet.config import FleetConfig, redact_url
 from tokenfleet.publish import TaskPublisher
+from tokenfleet.reconcile import disagreement
 from tokenfleet.view import status_table
 from workers.settings import QUEUE_NAME
 from workers.sglang.client import SGLangClient, SGLangError
@@ -97,6 +99,15 @@ def register(cfg: FleetConfig, ledger: Ledger) -> dict[str, str]:
     return states
 
 
+def warn_on_disagreement(cfg: FleetConfig, ledger: Ledger, console: Console) -> None:
+    known = set(ledger.datasets())
+    for ds in cfg.datasets:
+        samples = ledger.snapshot(ds.name).samples if ds.name in known else 0
+        problem = disagreement(samples, cfg.output_dir / ds.name)
+        if problem:
+            console.print(f"[bold red]warning:[/] {escape(ds.name)}: {escape(problem)}")
+
+
 def feeds_for(cfg: FleetConfig) -> list[DatasetFeed]:
     return [DatasetFeed(ds.name, ds.path, cfg.output_dir / ds.name / "rejected.jsonl") for ds in cfg.datasets]
 
@@ -121,8 +132,8 @@ def run_submit(
 ) -> list[DatasetSnapshot]:
     """Checks, registers and feeds; returns the settled snapshots. Raises SubmitError or LedgerError.
     ``observer`` sees every snapshot the progress display sees (benchmarks time state changes with it)."""
-    ledger = Ledger.from_url(cfg.redis_url)
-    ledger.ping()
+    Ledger.from_url(cfg.redis_url).ping()  # fail fast on a wrong URL, before anything is written
+    ledger = Ledger.from_url(cfg.redis_url, patient=True)
     if server_check:
         with SGLangClient(max_connections=4) as client:
             check_servers(cfg, client)
@@ -130,6 +141,7 @@ def run_submit(
     from workers.app import make_app
 
     app = make_app(cfg.redis_url)
+    warn_on_disagreement(cfg, ledger, console)
     states = register(cfg, ledger)
     for name, state in states.items():
         if state in ("paused", "revoked"):

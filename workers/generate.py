@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 from budget import Admission, Ledger, Progress
@@ -31,11 +30,14 @@ from workers.sglang.client import (
     SGLangClient,
     SGLangError,
 )
+from workers.sink import dataset_dir
 
 log = logging.getLogger(__name__)
 
 #: Attempts per sample against 5xx, dropped connections and server-side aborts, before it is failed.
 DEFAULT_MAX_ATTEMPTS: Final = 5
+#: Tasks that may give up on a sample (retries exhausted) before it is failed for good.
+DEFAULT_MAX_STRIKES: Final = 3
 #: Exponential backoff with full jitter between attempts: base * 2**n, capped.
 BACKOFF_BASE_S: Final = 1.0
 BACKOFF_CAP_S: Final = 30.0
@@ -164,7 +166,7 @@ class SampleRunner:
                 continue
             return self._record(dataset, sample, sid, attempt, spec, gen, truncated=False)
         reason = f"gave up after {max_attempts} attempts: {last_error.message if last_error else '?'}"
-        return self._fail(dataset, sample, sid, attempt, spec, reason, 0)
+        return self._give_up(dataset, sample, sid, attempt, spec, reason)
 
     def _stopped(
         self,
@@ -225,11 +227,22 @@ class SampleRunner:
             "server": gen.server,
             "created_at": time.time(),
         }
-        self.sink.write_record(Path(spec["output_dir"]) / dataset, record, spec.get("fsync", "always"))
+        self.sink.write_record(dataset_dir(spec["output_dir"], dataset), record, spec.get("fsync", "always"))
         outcome = self.ledger.commit(dataset, sid, attempt, gen.completion_tokens, truncated)
         return Outcome(
             outcome.value, "truncated at the token budget" if truncated else "", gen.completion_tokens
         )
+
+    def _give_up(
+        self, dataset: str, sample: dict[str, Any], sid: str, attempt: str, spec: dict[str, Any], reason: str
+    ) -> Outcome:
+        """The servers kept failing: the sample goes back to pending (fed again later), and fails for good
+        only after ``max_strikes`` tasks gave up on it."""
+        max_strikes = int(spec.get("max_strikes", DEFAULT_MAX_STRIKES))
+        if self.ledger.give_up(dataset, sid, attempt, reason, 0, max_strikes) == "failed":
+            self._write_failure(dataset, sample, sid, attempt, spec, reason)
+            return Outcome("failed", reason)
+        return Outcome("dropped", f"server_unavailable: {reason}")
 
     def _fail(
         self,
@@ -241,17 +254,21 @@ class SampleRunner:
         reason: str,
         wasted: int,
     ) -> Outcome:
-        self.sink.write_failure(
-            Path(spec["output_dir"]) / dataset,
-            {
-                "id": sid,
-                "dataset": dataset,
-                "line_no": sample.get("line_no"),
-                "reason": reason,
-                "attempt": attempt,
-                "failed_at": time.time(),
-            },
-            spec.get("fsync", "always"),
-        )
+        self._write_failure(dataset, sample, sid, attempt, spec, reason)
         self.ledger.fail(dataset, sid, attempt, reason, wasted)
         return Outcome("failed", reason, wasted)
+
+    def _write_failure(
+        self, dataset: str, sample: dict[str, Any], sid: str, attempt: str, spec: dict[str, Any], reason: str
+    ) -> None:
+        failure = {
+            "id": sid,
+            "dataset": dataset,
+            "line_no": sample.get("line_no"),
+            "reason": reason,
+            "attempt": attempt,
+            "failed_at": time.time(),
+        }
+        self.sink.write_failure(
+            dataset_dir(spec["output_dir"], dataset), failure, spec.get("fsync", "always")
+        )

@@ -9,6 +9,7 @@ no two writers ever share one. Export and reconcile skip a torn last line.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 from pathlib import Path
@@ -21,6 +22,21 @@ PART_GLOB: Final = "part-*.jsonl"
 FAILED_GLOB: Final = "failed-*.jsonl"
 
 FSYNC_POLICIES: Final = ("always", "never")
+
+
+#: What a dataset name may be (the config checks it too): it names a folder under the output dir.
+DATASET_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class UnsafeDatasetName(ValueError):
+    """A dataset name that could write outside the output dir (the ledger is shared: check it here too)."""
+
+
+def dataset_dir(output_dir: str | Path, dataset: str) -> Path:
+    """``output_dir/dataset``, refusing any name that could leave ``output_dir``."""
+    if not DATASET_NAME_RE.fullmatch(dataset) or dataset in (".", ".."):
+        raise UnsafeDatasetName(f"dataset name {dataset!r} cannot name a folder under the output dir")
+    return Path(output_dir) / dataset
 
 
 def _process_tag() -> str:

@@ -34,7 +34,7 @@ def runner() -> SampleRunner:
     global _runner
     with _runner_lock:
         if _runner is None:
-            ledger = Ledger.from_url(settings.redis_url)
+            ledger = Ledger.from_url(settings.redis_url, patient=True)
             _runner = SampleRunner(
                 ledger=ledger,
                 client=SGLangClient(),
