@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -57,44 +57,40 @@ def redis_server_binary() -> str:
     return found
 
 
+def start_redis(
+    folder: Path,
+    port: int,
+    extra: Sequence[str] = ("--save", "", "--appendonly", "no"),
+    url: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """A ``redis-server`` on ``port`` keeping its files in ``folder``; returns once it answers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder)]
+    argv += ["--logfile", str(folder / "redis.log"), *extra]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = url or f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not redis_answers(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"redis-server did not start (see {folder / 'redis.log'})")
+        time.sleep(0.05)
+    return proc
+
+
 @contextmanager
 def embedded_redis(folder: Path, port: int | None = None) -> Iterator[str]:
     """A private Redis (no persistence) on a free port, stopped at the end; yields its URL."""
-    folder.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    proc = subprocess.Popen(
-        [
-            redis_server_binary(),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(folder),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--logfile",
-            str(folder / "redis.log"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    proc = start_redis(folder, port)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not redis_answers(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"embedded redis-server did not start (see {folder / 'redis.log'})")
-            time.sleep(0.05)
-        yield url
+        yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
 
 
-def worker_command(concurrency: int, name: str) -> list[str]:
+def worker_command(concurrency: int, name: str, loglevel: str = "WARNING") -> list[str]:
     """The command ``tokenfleet worker`` runs, spelled with ``python -m`` so it needs no PATH."""
     return [
         sys.executable,
@@ -102,7 +98,7 @@ def worker_command(concurrency: int, name: str) -> list[str]:
         "tokenfleet.cli",
         "worker",
         f"--concurrency={concurrency}",
-        "--loglevel=WARNING",
+        f"--loglevel={loglevel}",
         f"--name={name}",
     ]
 
@@ -114,11 +110,12 @@ def start_worker(
     name: str = "worker",
     env: Mapping[str, str] | None = None,
     log_path: Path | None = None,
+    loglevel: str = "WARNING",
 ) -> subprocess.Popen[bytes]:
     full_env = dict(os.environ) | dict(env or {}) | {"TOKENFLEET_REDIS_URL": redis_url}
     out = log_path.open("ab") if log_path else subprocess.DEVNULL
     return subprocess.Popen(
-        worker_command(concurrency, name), env=full_env, stdout=out, stderr=subprocess.STDOUT
+        worker_command(concurrency, name, loglevel), env=full_env, stdout=out, stderr=subprocess.STDOUT
     )
 
 

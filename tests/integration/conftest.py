@@ -176,3 +176,74 @@ def write_config(
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+class PrivateFleet:
+    """A Redis server, worker processes and nothing shared with other tests: for faults that kill or
+    restart parts (a session-wide fleet must not be hurt by them)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        redis_args: tuple[str, ...] = ("--save", "", "--appendonly", "no"),
+        password: str | None = None,
+    ) -> None:
+        from tokenfleet.local import free_port, start_redis
+
+        self.folder = folder
+        self.port = free_port()
+        self.redis_args = redis_args + (("--requirepass", password) if password else ())
+        self.url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{self.port}/0"
+        self.redis = start_redis(folder / "redis", self.port, self.redis_args, url=self.url)
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start_worker(
+        self, name: str, concurrency: int = 8, loglevel: str = "WARNING"
+    ) -> subprocess.Popen[bytes]:
+        proc = start_worker(
+            self.url,
+            concurrency=concurrency,
+            name=name,
+            env=WORKER_ENV,
+            log_path=self.folder / f"{name}.log",
+            loglevel=loglevel,
+        )
+        self.workers[name] = proc
+        wait_for_workers(self.url, [name])
+        return proc
+
+    def restart_redis(self, down_s: float = 1.0) -> None:
+        """SIGTERM (Redis writes its AOF on shutdown), wait, start it again on the same port and folder."""
+        import time
+
+        from tokenfleet.local import start_redis
+
+        self.redis.terminate()
+        self.redis.wait(timeout=10)
+        time.sleep(down_s)
+        self.redis = start_redis(self.folder / "redis", self.port, self.redis_args, url=self.url)
+
+    def ledger(self) -> Ledger:
+        return Ledger.from_url(self.url)
+
+    def close(self) -> None:
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.redis.terminate()
+        self.redis.wait(timeout=10)
+
+
+@pytest.fixture
+def private_fleet(tmp_path: Path) -> Iterator[Callable[..., PrivateFleet]]:
+    made: list[PrivateFleet] = []
+
+    def make(**kwargs: Any) -> PrivateFleet:
+        fleet = PrivateFleet(tmp_path / f"fleet{len(made)}", **kwargs)
+        made.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in made:
+        fleet.close()
