@@ -15,7 +15,7 @@ PREFIX: Final = "tf"
 #: Set of every registered dataset name.
 DATASETS_SET: Final = f"{PREFIX}:datasets:set"
 
-#: Hash worker hostname -> JSON heartbeat (version, pid, last seen), for status.
+#: Hash worker name -> JSON heartbeat (version, code fingerprint, concurrency, last seen), for status.
 WORKERS_HASH: Final = f"{PREFIX}:workers:hash"
 
 
@@ -44,6 +44,10 @@ class DatasetKeys:
     pending_hash: str
     #: Hash sample id -> how many attempts gave up on it after exhausting their retries.
     strikes_hash: str
+    #: Hash epoch second -> tokens generated in that second (streamed chunks, and the rest at commit).
+    rate_tokens_hash: str
+    #: Hash epoch second -> samples committed in that second.
+    rate_samples_hash: str
 
     def for_lua(self, *names: str) -> list[str]:
         """The named keys, in order, for a script's KEYS."""
@@ -63,4 +67,42 @@ def dataset_keys(name: str) -> DatasetKeys:
         live_hash=f"{base}:live:hash",
         pending_hash=f"{base}:pending:hash",
         strikes_hash=f"{base}:strikes:hash",
+        rate_tokens_hash=f"{base}:rate_tokens:hash",
+        rate_samples_hash=f"{base}:rate_samples:hash",
+    )
+
+
+# --- servers (issue 7: many servers) ------------------------------------------------------------------
+
+#: Every server key shares the hash tag ``{servers}``: the one script that picks the least-loaded server
+#: and takes its slot must see all the servers' keys, and Redis Cluster wants them in one slot.
+SERVERS_TAG: Final = f"{PREFIX}:{{servers}}"
+
+#: Sorted set server URL -> last time (ms) a worker picked among it: the servers ``status`` lists.
+SERVERS_SEEN_ZSET: Final = f"{SERVERS_TAG}:seen:zset"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerKeys:
+    """The keys of one server (an SGLang server or a router), fleet-wide."""
+
+    #: Sorted set slot token -> lease expiry (ms): the generations in flight on this server, from every
+    #: worker process. An expired member is a slot whose holder died; the next pick drops it.
+    slots_zset: str
+    #: Hash: health and counters (fields listed in ``budget/lua/server_report.lua``).
+    health_hash: str
+    #: Hash: a ring of per-second counts of finished requests (fields in ``budget/lua/server_release.lua``).
+    rate_hash: str
+    #: String with an expiry: while it exists, nobody probes the server's ``/health`` (one probe per
+    #: interval, fleet-wide).
+    probe_str: str
+
+
+def server_keys(url: str) -> ServerKeys:
+    base = f"{SERVERS_TAG}:server:{url}"
+    return ServerKeys(
+        slots_zset=f"{base}:slots:zset",
+        health_hash=f"{base}:health:hash",
+        rate_hash=f"{base}:rate:hash",
+        probe_str=f"{base}:probe:str",
     )

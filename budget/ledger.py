@@ -14,7 +14,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from budget.errors import LedgerUnavailable, UnknownDataset
-from budget.keys import DATASETS_SET, DatasetKeys, dataset_keys
+from budget.keys import DATASETS_SET, WORKERS_HASH, DatasetKeys, dataset_keys
 from budget.scripts import register_scripts
 
 #: How long a generation's lease lives without renewal. A worker renews it every few seconds; a killed
@@ -23,6 +23,12 @@ DEFAULT_LEASE_MS: Final = 60_000
 
 #: A sample queued this long whose message is no longer in the broker's queue is taken as lost.
 DEFAULT_QUEUED_AUDIT_MS: Final = 120_000
+
+#: A worker whose last heartbeat is older than this is not listed as online.
+WORKER_SEEN_WITHIN_S: Final = 30.0
+
+#: Rates in snapshots are averaged over this many seconds.
+RATE_WINDOW_S: Final = 30
 
 #: Retries of a patient client's command on connection errors (backoff capped at 2 s: about 30 s).
 PATIENT_RETRIES: Final = 16
@@ -110,6 +116,9 @@ class DatasetSnapshot:
     rejected: int
     source_total: int
     source_done: bool
+    #: Tokens generated and samples committed per second, over the last ``RATE_WINDOW_S``.
+    tokens_per_s: float = 0.0
+    samples_per_s: float = 0.0
 
     @property
     def settled(self) -> bool:
@@ -323,7 +332,7 @@ class Ledger:
         k = dataset_keys(name)
         action, state = self._run(
             "progress",
-            k.for_lua("ledger_hash", "lease_zset", "lease_owner_hash", "live_hash"),
+            k.for_lua("ledger_hash", "lease_zset", "lease_owner_hash", "live_hash", "rate_tokens_hash"),
             [sample_id, attempt, new_tokens, lease_ms],
         )
         return Progress(action), state
@@ -343,7 +352,14 @@ class Ledger:
         outcome, _state = self._run(
             "commit",
             k.for_lua(
-                "ledger_hash", "done_hash", "lease_zset", "lease_owner_hash", "live_hash", "pending_hash"
+                "ledger_hash",
+                "done_hash",
+                "lease_zset",
+                "lease_owner_hash",
+                "live_hash",
+                "pending_hash",
+                "rate_tokens_hash",
+                "rate_samples_hash",
             ),
             [sample_id, attempt, completion_tokens, int(truncated)],
         )
@@ -454,7 +470,17 @@ class Ledger:
         k = dataset_keys(name)
         flat = self._run(
             "snapshot",
-            k.for_lua("ledger_hash", "done_hash", "failed_hash", "queued_zset", "lease_zset", "pending_hash"),
+            k.for_lua(
+                "ledger_hash",
+                "done_hash",
+                "failed_hash",
+                "queued_zset",
+                "lease_zset",
+                "pending_hash",
+                "rate_tokens_hash",
+                "rate_samples_hash",
+            ),
+            [RATE_WINDOW_S],
         )
         if not flat:
             raise UnknownDataset(name)
@@ -483,6 +509,8 @@ class Ledger:
             rejected=n("rejected"),
             source_total=n("source_total"),
             source_done=bool(n("source_done")),
+            tokens_per_s=n("rate_tokens") / max(1, n("rate_span_s")),
+            samples_per_s=n("rate_samples") / max(1, n("rate_span_s")),
         )
 
     @_translate_errors
@@ -536,6 +564,25 @@ class Ledger:
         )
         pipe.execute()
         return self.set_limits(name)
+
+    @_translate_errors
+    def heartbeat(self, worker: str, facts: dict[str, Any] | None) -> None:
+        """Record that ``worker`` is alive with ``facts`` (JSON-able); ``None`` removes it."""
+        self._run("heartbeat", [WORKERS_HASH], [worker, json.dumps(facts) if facts is not None else ""])
+
+    @_translate_errors
+    def workers(self, seen_within_s: float = WORKER_SEEN_WITHIN_S) -> list[dict[str, Any]]:
+        """Workers whose last heartbeat is at most ``seen_within_s`` old (by the Redis server's clock),
+        each with its facts, ``name`` and ``age_s``."""
+        t = self.client.time()
+        now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
+        out = []
+        for name, raw in sorted(self.client.hgetall(WORKERS_HASH).items()):
+            facts = json.loads(raw)
+            age_s = (now_ms - int(facts.get("last_seen_ms", 0))) / 1000
+            if age_s <= seen_within_s:
+                out.append(facts | {"name": str(name), "age_s": round(age_s, 1)})
+        return out
 
     @_translate_errors
     def forget(self, name: str) -> None:

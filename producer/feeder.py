@@ -215,7 +215,9 @@ class Feeder:
             try:
                 now = time.monotonic()
                 if now - last_audit >= AUDIT_EVERY_S:
-                    self._housekeeping(reclaim)
+                    # The first round looks at every queued mark: one left by a producer killed between
+                    # marking and publishing is found at once, not after the audit's usual delay.
+                    self._housekeeping(reclaim, audit_after_ms=0 if last_audit == 0.0 else None)
                     last_audit = now
                 done = self.step()
                 if on_tick is not None and (done or now - last_tick >= tick_s):
@@ -229,10 +231,13 @@ class Feeder:
                 continue
             time.sleep(IDLE_POLL_S)
 
-    def _housekeeping(self, reclaim: bool) -> None:
+    def _housekeeping(self, reclaim: bool, audit_after_ms: int | None = None) -> None:
         """Take back expired leases and queued samples whose message was lost (see the ledger scripts)."""
         for feed in self.feeds:
             if reclaim:
                 self.ledger.reclaim(feed.name)
             if self.queue_key is not None:
-                self.ledger.audit_queued(feed.name, self.queue_key)
+                if audit_after_ms is None:
+                    self.ledger.audit_queued(feed.name, self.queue_key)
+                else:
+                    self.ledger.audit_queued(feed.name, self.queue_key, audit_after_ms)

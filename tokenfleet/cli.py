@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from budget import Ledger, LedgerError, UnknownDataset
 from budget.location import redis_url_from_env
 from producer.source import SourceError
 from tokenfleet import __version__
 from tokenfleet.config import ConfigError, load_config, redact_url
-from tokenfleet.view import snapshot_json, status_table
+from tokenfleet.view import fleet_view, snapshot_json, status_table, workers_json
 
 #: Exit codes.
 EXIT_OK = 0
@@ -47,26 +48,66 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    from rich.live import Live
+
+    from workers.version import full_version
+
     ledger = _ledger(args)
-    names = args.names or ledger.datasets()
-    snaps = [ledger.snapshot(n) for n in names]
+    mine = full_version()
+
+    def view() -> RenderableType:
+        snaps = [ledger.snapshot(n) for n in (args.names or ledger.datasets())]
+        if not snaps:
+            return f"no datasets in the ledger at {redact_url(_redis_url(args))}"
+        return fleet_view(snaps, ledger.workers(), mine)
+
     if args.json:
-        sys.stdout.write(orjson.dumps({"datasets": [snapshot_json(s) for s in snaps]}).decode() + "\n")
-    elif not snaps:
-        console.print(f"no datasets in the ledger at {redact_url(_redis_url(args))}")
+        snaps = [ledger.snapshot(n) for n in (args.names or ledger.datasets())]
+        body = {
+            "datasets": [snapshot_json(s) for s in snaps],
+            "workers": workers_json(ledger.workers(), mine),
+            "version": mine,
+        }
+        sys.stdout.write(orjson.dumps(body).decode() + "\n")
+    elif args.watch:
+        with Live(view(), console=console, refresh_per_second=4, screen=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(view())
     else:
-        console.print(status_table(snaps))
+        console.print(view())
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from tokenfleet.export import export_dataset
+    from tokenfleet.export import ExportError, export_dataset
 
-    report = export_dataset(_ledger(args), args.name, Path(args.output), args.output_dir)
+    try:
+        report = export_dataset(
+            _ledger(args),
+            args.name,
+            Path(args.output),
+            args.output_dir,
+            format=args.format,
+            include_truncated=args.include_truncated,
+        )
+    except ExportError as e:
+        _error(e)
+        return EXIT_USAGE
     console.print(
         f"exported {report.records:,} records ({report.tokens:,} completion tokens) of {args.name} "
-        f"to {report.path}"
+        f"to {report.path} as {report.format}"
     )
+    if report.skipped_truncated:
+        console.print(
+            f"[yellow]left out {report.skipped_truncated:,} truncated sample(s) "
+            "(--include-truncated writes them)[/]"
+        )
+    if report.skipped_no_conversation:
+        console.print(
+            f"[yellow]left out {report.skipped_no_conversation:,} sample(s) with no conversation to write "
+            "(pre-tokenized prompts: export them with --format tokens)[/]"
+        )
     if report.torn_lines:
         console.print(f"[yellow]skipped {report.torn_lines} torn line(s) in the part files[/]")
     if report.missing:
@@ -173,13 +214,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = with_redis(sub.add_parser("status", help="per dataset: state, tokens, samples, failures, queue"))
     s.add_argument("names", nargs="*")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="the same figures as JSON")
+    s.add_argument("--watch", action="store_true", help="a live view, refreshed until Ctrl-C")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes of --watch")
     s.set_defaults(func=cmd_status)
 
     s = with_redis(sub.add_parser("export", help="write each committed sample of NAME once to a JSONL file"))
     s.add_argument("name")
     s.add_argument("-o", "--output", required=True)
     s.add_argument("--output-dir", type=Path, help="where the part files are, if not where workers wrote")
+    s.add_argument(
+        "--format",
+        choices=("tokens", "specforge", "sharegpt"),
+        default="tokens",
+        help="tokens: full records with loss_mask (default); specforge / sharegpt: conversations rows",
+    )
+    s.add_argument(
+        "--include-truncated",
+        action="store_true",
+        help="specforge / sharegpt: also write samples cut at the token budget (tokens always does)",
+    )
     s.set_defaults(func=cmd_export)
 
     for name, text in (

@@ -1,16 +1,21 @@
-"""How datasets are shown: the status table (rich) and the JSON of ``status --json``."""
+"""How the fleet is shown: per-dataset figures with rates, ETA and projections, as JSON
+(``status --json``) and as a rich view (``status``, ``status --watch``, ``submit``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
+from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 from budget import DatasetSnapshot
 
-#: The fields of ``status --json``, in order (the interface later checks drive).
-STATUS_FIELDS = (
+#: The first fields of each dataset in ``status --json``, in order (the interface later checks drive).
+STATUS_FIELDS: Final = (
     "name",
     "state",
     "tokens",
@@ -23,7 +28,11 @@ STATUS_FIELDS = (
     "inflight",
 )
 
-_STATE_STYLE = {"active": "green", "paused": "yellow", "exhausted": "cyan", "revoked": "red"}
+#: Tokens between streamed chunks that workers ask for by default (``workers.generate``): a truncated
+#: generation can run at most about this far past the budget before its abort lands.
+STREAM_INTERVAL: Final = 8
+
+_STATE_STYLE: Final = {"active": "green", "paused": "yellow", "exhausted": "cyan", "revoked": "red"}
 
 
 def unfed(s: DatasetSnapshot) -> int | None:
@@ -33,7 +42,51 @@ def unfed(s: DatasetSnapshot) -> int | None:
     return max(0, s.source_total - s.samples - s.failed - s.pending - s.queued - s.inflight)
 
 
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """Where a dataset is heading, from its counters and its recent rates."""
+
+    #: Seconds until the token budget is reached at the current rate (None: no budget, or no rate yet).
+    eta_budget_s: float | None
+    #: Seconds until the source is done at the current sample rate (None until the source is counted).
+    eta_source_s: float | None
+    #: Seconds until the dataset settles: whichever comes first (0 when it has).
+    eta_s: float | None
+    #: Tokens past the budget: the actual figure once exhausted, else what its policy is expected to cost.
+    overshoot_tokens: int | None
+    #: Tokens generated and not kept: the discard policy's partial answers (actual, or expected).
+    waste_tokens: int | None
+
+
+def project(s: DatasetSnapshot) -> Projection:
+    spent = s.tokens + s.discarded_tokens
+    mean = s.tokens / s.samples if s.samples else 0.0
+    eta_budget = eta_source = None
+    if s.token_budget is not None and s.tokens_per_s > 0:
+        eta_budget = max(0.0, s.token_budget - spent - s.live_tokens) / s.tokens_per_s
+    left = unfed(s)
+    if left is not None and s.samples_per_s > 0:
+        eta_source = (left + s.pending + s.queued + s.inflight) / s.samples_per_s
+    overshoot = waste = None
+    if s.token_budget is not None:
+        if s.state == "exhausted":
+            overshoot = max(0, spent - s.token_budget)
+            waste = s.discarded_tokens
+        elif s.on_budget == "drain":  # the running generations finish: their expected rest
+            overshoot, waste = int(max(0.0, s.inflight * mean - s.live_tokens)), 0
+        else:  # cut at the next chunk: at most one stream interval each
+            overshoot = s.inflight * STREAM_INTERVAL
+            waste = s.live_tokens if s.on_budget == "discard" else 0
+    if s.settled:
+        eta: float | None = 0.0
+    else:
+        known = [e for e in (eta_budget, eta_source) if e is not None]
+        eta = min(known) if known else None
+    return Projection(eta_budget, eta_source, eta, overshoot, waste)
+
+
 def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
+    p = project(s)
     out: dict[str, Any] = {
         "name": s.name,
         "state": s.state,
@@ -46,7 +99,7 @@ def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
         "queued": s.queued,
         "inflight": s.inflight,
     }
-    out |= {
+    return out | {
         "on_budget": s.on_budget,
         "live_tokens": s.live_tokens,
         "truncated": s.truncated,
@@ -57,32 +110,113 @@ def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
         "source_total": s.source_total if s.source_done else None,
         "unfed": unfed(s),
         "settled": s.settled,
+        "tokens_per_s": round(s.tokens_per_s, 1),
+        "samples_per_s": round(s.samples_per_s, 2),
+        "eta_budget_s": _round(p.eta_budget_s),
+        "eta_source_s": _round(p.eta_source_s),
+        "eta_s": _round(p.eta_s),
+        "projected_overshoot_tokens": p.overshoot_tokens,
+        "projected_waste_tokens": p.waste_tokens,
     }
-    return out
 
 
-def _of(value: int, limit: int | None) -> str:
-    return f"{value:,}" if limit is None else f"{value:,} / {limit:,}"
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _bar(value: int, limit: int | None) -> RenderableType:
+    if limit is None:
+        return Text(f"{value:,}")
+    return Group(
+        ProgressBar(total=limit, completed=min(value, limit), width=22), Text(f"{value:,} / {limit:,}")
+    )
 
 
 def status_table(snapshots: Sequence[DatasetSnapshot], title: str | None = None) -> Table:
-    table = Table(title=title, header_style="bold")
-    for col in ("dataset", "state", "tokens / budget", "samples / cap", "failed", "dropped", "queued"):
-        table.add_column(col, justify="left" if col in ("dataset", "state") else "right")
-    table.add_column("in flight", justify="right")
-    table.add_column("rejected", justify="right")
+    """One row per dataset: progress against its limits, rates, ETA, projections and the queue."""
+    table = Table(title=title, header_style="bold", expand=False)
+    for col, justify in (
+        ("dataset", "left"),
+        ("state", "left"),
+        ("tokens / budget", "left"),
+        ("samples / cap", "left"),
+        ("tok/s", "right"),
+        ("req/s", "right"),
+        ("ETA", "right"),
+        ("overshoot", "right"),
+        ("waste", "right"),
+        ("in flight", "right"),
+        ("queued", "right"),
+        ("failed", "right"),
+        ("dropped", "right"),
+        ("rejected", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for s in snapshots:
+        p = project(s)
         style = _STATE_STYLE.get(s.state, "")
         state = s.state + (" (settled)" if s.settled else "")
         table.add_row(
             s.name,
-            f"[{style}]{state}[/]" if style else state,
-            _of(s.tokens, s.token_budget),
-            _of(s.samples, s.max_samples),
-            f"{s.failed:,}",
-            f"{s.pending:,}",
-            f"{s.queued:,}",
+            Text(state, style=style),
+            _bar(s.tokens, s.token_budget),
+            _bar(s.samples, s.max_samples),
+            f"{s.tokens_per_s:,.0f}",
+            f"{s.samples_per_s:,.1f}",
+            _duration(p.eta_s),
+            "-" if p.overshoot_tokens is None else f"{p.overshoot_tokens:,}",
+            "-" if p.waste_tokens is None else f"{p.waste_tokens:,}",
             f"{s.inflight:,}",
-            f"{s.rejected:,}",
+            f"{s.queued:,}",
+            Text(f"{s.failed:,}", style="red" if s.failed else ""),
+            f"{s.pending:,}",
+            Text(f"{s.rejected:,}", style="yellow" if s.rejected else ""),
         )
     return table
+
+
+def workers_table(workers: Sequence[dict[str, Any]], my_version: str) -> Table:
+    """The workers online; one running other code than ``my_version`` is flagged in red."""
+    table = Table(title="workers online", header_style="bold")
+    for col in ("worker", "version", "in flight", "concurrency", "last seen"):
+        table.add_column(col)
+    for w in workers:
+        stale = w.get("version") != my_version
+        version = Text(str(w.get("version")), style="bold red" if stale else "green")
+        if stale:
+            version.append(f"  (submitter runs {my_version})", style="red")
+        table.add_row(
+            str(w["name"]),
+            version,
+            str(w.get("inflight", "?")),
+            str(w.get("concurrency", "?")),
+            f"{w['age_s']}s ago",
+        )
+    return table
+
+
+def fleet_view(
+    snapshots: Sequence[DatasetSnapshot],
+    workers: Sequence[dict[str, Any]],
+    my_version: str,
+    title: str | None = None,
+) -> RenderableType:
+    parts: list[RenderableType] = [status_table(snapshots, title)]
+    if workers:
+        parts.append(workers_table(workers, my_version))
+    else:
+        parts.append(Text("no worker online (start one: tokenfleet worker)", style="yellow"))
+    return Group(*parts)
+
+
+def workers_json(workers: Sequence[dict[str, Any]], my_version: str) -> list[dict[str, Any]]:
+    return [w | {"stale": w.get("version") != my_version} for w in workers]

@@ -42,6 +42,12 @@ class LeaseKeeper:
         with self._lock:
             self._leases.pop((lease.dataset, lease.sample_id, lease.attempt), None)
 
+    @property
+    def count(self) -> int:
+        """Generations this process holds a lease for (its in-flight work)."""
+        with self._lock:
+            return len(self._leases)
+
     def stop(self) -> None:
         self._stop.set()
 

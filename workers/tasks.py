@@ -18,6 +18,7 @@ from celery.worker import state as worker_state
 from budget import Ledger
 from workers.app import app, settings
 from workers.generate import SampleRunner
+from workers.heartbeat import Heartbeat
 from workers.leases import LeaseKeeper
 from workers.settings import DATASET_STAMP, GENERATE_TASK
 from workers.sglang.client import SGLangClient
@@ -54,6 +55,28 @@ def generate(self: Task, dataset: str, sample_id: str, sample: dict[str, Any]) -
         self.send_event("task-revoked", terminated=False, signum=None, expired=False, reason=outcome.reason)
         raise Ignore()
     return outcome.as_dict()
+
+
+_heartbeat: Heartbeat | None = None
+
+
+@signals.worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+    global _heartbeat
+    r = runner()
+    concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
+    _heartbeat = Heartbeat(
+        r.ledger,
+        str(getattr(sender, "hostname", "") or "worker"),
+        lambda: {"concurrency": concurrency, "inflight": r.keeper.count},
+    )
+    _heartbeat.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_heartbeat(**_: Any) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()
 
 
 @signals.task_revoked.connect

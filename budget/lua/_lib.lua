@@ -104,6 +104,38 @@ local function known(ledger)
   return redis.call('EXISTS', ledger) == 1
 end
 
+-- Per-second counters for rates (status, ETA): a ring of epoch-second fields, trimmed to the last
+-- RATE_KEEP_S seconds whenever it grows past twice that.
+local RATE_KEEP_S = 120
+local function rate_add(hash, n)
+  if n <= 0 then return end
+  local t = redis.call('TIME')
+  local sec = tonumber(t[1])
+  redis.call('HINCRBY', hash, sec, n)
+  if redis.call('HLEN', hash) > 2 * RATE_KEEP_S then
+    for _, field in ipairs(redis.call('HKEYS', hash)) do
+      if tonumber(field) < sec - RATE_KEEP_S then redis.call('HDEL', hash, field) end
+    end
+  end
+end
+
+-- Sum of a rate ring over the last window_s seconds, and the seconds it covers (at most window_s, less
+-- when the ring is younger).
+local function rate_sum(hash, window_s)
+  local t = redis.call('TIME')
+  local sec = tonumber(t[1])
+  local total, oldest = 0, sec
+  local flat = redis.call('HGETALL', hash)
+  for i = 1, #flat, 2 do
+    local s = tonumber(flat[i])
+    if s > sec - window_s then
+      total = total + tonumber(flat[i + 1])
+      if s < oldest then oldest = s end
+    end
+  end
+  return total, sec - oldest + 1
+end
+
 local function owns(owners, sid, attempt)
   return redis.call('HGET', owners, sid) == attempt
 end

@@ -1,9 +1,12 @@
 -- snapshot: one consistent read of a dataset for status and for submit's settle check.
--- KEYS: ledger, done, failed, queued, leases, pending
--- ARGV: (none)
+-- KEYS: ledger, done, failed, queued, leases, pending, rate_tokens, rate_samples
+-- ARGV: rate window in seconds
 -- Returns a flat list: the ledger hash's field/value pairs, then "done", n, "failed", n, "queued", n,
--- "inflight", n (leases not yet expired), "pending", n (given back, or expired leases). Empty when the dataset is unknown.
-local ledger, done, failed, queued, leases, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- "inflight", n (leases not yet expired), "pending", n (given back, or expired leases), then
+-- "rate_tokens", tokens generated in the window, "rate_samples", samples committed in it, "rate_span_s",
+-- the seconds the window covers. Empty when the dataset is unknown.
+local ledger, done, failed, queued, leases, pending, rate_tokens, rate_samples =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local out = redis.call('HGETALL', ledger)
 if #out == 0 then return out end
 local now = now_ms()
@@ -15,5 +18,11 @@ local extra = {
   'inflight', redis.call('ZCOUNT', leases, '(' .. now, '+inf'),
   'pending', redis.call('HLEN', pending) + redis.call('ZCOUNT', leases, '-inf', now),
 }
+local window = tonumber(ARGV[1]) or 30
+local tokens_in_window, span = rate_sum(rate_tokens, window)
+local samples_in_window = rate_sum(rate_samples, window)
+for _, v in ipairs({'rate_tokens', tokens_in_window, 'rate_samples', samples_in_window, 'rate_span_s', span}) do
+  extra[#extra + 1] = v
+end
 for _, v in ipairs(extra) do out[#out + 1] = v end
 return out
