@@ -28,6 +28,7 @@ SCRIPT_NAMES: Final = (
     "purge_queue",
     "give_up",
     "audit_queued",
+    "heartbeat",
 )
 
 
