@@ -21,8 +21,11 @@ from budget.scripts import register_scripts
 #: worker's samples are reclaimed this long after its last renewal.
 DEFAULT_LEASE_MS: Final = 60_000
 
-#: A sample queued this long whose message is no longer in the broker's queue is taken as lost.
-DEFAULT_QUEUED_AUDIT_MS: Final = 120_000
+#: A sample queued this long whose message is no longer in the broker's queue is taken as lost. A live
+#: worker admits a message within moments of taking it (it prefetches no more than its threads), so a
+#: mark this old is a worker killed between taking and admitting; a wrong guess only feeds a duplicate
+#: that its second delivery drops.
+DEFAULT_QUEUED_AUDIT_MS: Final = 30_000
 
 #: A worker whose last heartbeat is older than this is not listed as online.
 WORKER_SEEN_WITHIN_S: Final = 30.0
@@ -397,7 +400,13 @@ class Ledger:
         state: str = self._run(
             "release",
             k.for_lua(
-                "ledger_hash", "done_hash", "lease_zset", "lease_owner_hash", "live_hash", "pending_hash"
+                "ledger_hash",
+                "done_hash",
+                "lease_zset",
+                "lease_owner_hash",
+                "live_hash",
+                "pending_hash",
+                "failed_hash",
             ),
             [sample_id, attempt, reason, thrown_away_tokens, int(counts_against_budget)],
         )
@@ -458,7 +467,13 @@ class Ledger:
             self._run(
                 "reclaim",
                 k.for_lua(
-                    "ledger_hash", "lease_zset", "lease_owner_hash", "live_hash", "pending_hash", "done_hash"
+                    "ledger_hash",
+                    "lease_zset",
+                    "lease_owner_hash",
+                    "live_hash",
+                    "pending_hash",
+                    "done_hash",
+                    "failed_hash",
                 ),
             )
         )

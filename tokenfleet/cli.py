@@ -140,7 +140,8 @@ def cmd_reconcile(args: argparse.Namespace, console: Console) -> int:
         targets = {ds.name: cfg.output_dir for ds in cfg.datasets}
     else:
         ledger = _ledger(args)
-        targets = {n: Path(ledger.spec(n)["output_dir"]) for n in ledger.datasets()}
+        specs = {n: ledger.spec(n) for n in (args.names or ledger.datasets())}
+        targets = {n: Path(spec["output_dir"]) for n, spec in specs.items() if spec.get("output_dir")}
     names = args.names or sorted(targets)
     for name in names:
         if name not in targets:
@@ -184,10 +185,12 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def cmd_sim(args: argparse.Namespace, console: Console) -> int:
-    from tokenfleet.sim import main as sim_main
+def cmd_metrics(args: argparse.Namespace, console: Console) -> int:
+    from tokenfleet.metrics import serve_metrics
 
-    sim_main(args.sim_args)
+    _ledger(args)  # a wrong URL is one clear line, not a scrape error later
+    console.print(f"serving Prometheus metrics on http://{args.host}:{args.port}/metrics")
+    serve_metrics(_redis_url(args), args.host, args.port)
     return EXIT_OK
 
 
@@ -262,9 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="the worker's name before @host (default tokenfleet-PID)")
     s.set_defaults(func=cmd_worker)
 
-    s = sub.add_parser("sim", help="serve the SGLang-compatible simulator", add_help=False)
-    s.add_argument("sim_args", nargs=argparse.REMAINDER)
-    s.set_defaults(func=cmd_sim)
+    # `tokenfleet sim ...` is handed to the simulator's own parser in main(); listed here for --help.
+    sub.add_parser(
+        "sim", help="serve the SGLang-compatible simulator (tokenfleet sim --help)", add_help=False
+    )
+
+    s = with_redis(sub.add_parser("metrics", help="serve per-dataset counters for Prometheus on /metrics"))
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=9808)
+    s.set_defaults(func=cmd_metrics)
 
     s = with_redis(sub.add_parser("demo", help="run a whole generation on this machine, no GPU needed"))
     s.add_argument(
@@ -283,6 +292,11 @@ def _error(message: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from tokenfleet.submit import SubmitError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:  # the simulator parses its own options (argparse REMAINDER cannot take "--x")
+        from tokenfleet.sim import main as sim_main
+
+        return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
     # Without a terminal (logs, CI, pipes) keep tables wide enough to read instead of 80 columns.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)

@@ -52,7 +52,15 @@ def generate(self: Task, dataset: str, sample_id: str, sample: dict[str, Any]) -
     if outcome.outcome == "dropped":
         # Flower shows a task-revoked event as REVOKED; Ignore acknowledges the message and sends no
         # task-succeeded event.
-        self.send_event("task-revoked", terminated=False, signum=None, expired=False, reason=outcome.reason)
+        # Flower shows only Celery's own task fields: the reason rides in ``result`` as well.
+        self.send_event(
+            "task-revoked",
+            terminated=False,
+            signum=None,
+            expired=False,
+            reason=outcome.reason,
+            result=f"dropped: {outcome.reason}",
+        )
         raise Ignore()
     return outcome.as_dict()
 

@@ -88,12 +88,14 @@ local function drop_lease(ledger, leases, owners, live, sid)
 end
 
 -- Take back leases whose holder stopped renewing them (a killed worker); the samples become pending.
-local function reclaim_expired(ledger, leases, owners, live, pending, done, now)
+local function reclaim_expired(ledger, leases, owners, live, pending, done, failed, now)
   local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 256)
   for _, sid in ipairs(expired) do
     local n = drop_lease(ledger, leases, owners, live, sid)
     redis.call('HINCRBY', ledger, 'wasted_tokens', n)
-    if redis.call('HEXISTS', done, sid) == 0 then redis.call('HSET', pending, sid, 'lease_expired') end
+    if redis.call('HEXISTS', done, sid) == 0 and redis.call('HEXISTS', failed, sid) == 0 then
+      redis.call('HSET', pending, sid, 'lease_expired')
+    end
   end
   if #expired > 0 then redis.call('HINCRBY', ledger, 'reclaimed', #expired) end
   return #expired

@@ -15,7 +15,7 @@ local now = now_ms()
 redis.call('ZREM', queued, sid)
 local state = redis.call('HGET', ledger, 'state')
 if not state then return {'unknown', '', ''} end
-reclaim_expired(ledger, leases, owners, live, pending, done, now)
+reclaim_expired(ledger, leases, owners, live, pending, done, failed, now)
 if redis.call('HEXISTS', done, sid) == 1 then return {'done', state, ''} end
 if redis.call('HEXISTS', failed, sid) == 1 then return {'failed', state, ''} end
 if redis.call('ZSCORE', leases, sid) then return {'leased', state, ''} end

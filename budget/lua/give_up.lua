@@ -11,6 +11,10 @@ if not known(ledger) then return 'unknown' end
 if owns(owners, sid, attempt) then drop_lease(ledger, leases, owners, live, sid) end
 redis.call('HINCRBY', ledger, 'wasted_tokens', tonumber(ARGV[4]))
 if redis.call('HEXISTS', done, sid) == 1 then return 'duplicate' end
+if redis.call('HEXISTS', failed, sid) == 1 then  -- another attempt's give-up already failed it for good
+  redis.call('HDEL', pending, sid)
+  return 'failed'
+end
 if redis.call('HINCRBY', strikes, sid, 1) >= tonumber(ARGV[5]) then
   redis.call('HDEL', strikes, sid)
   redis.call('HDEL', pending, sid)

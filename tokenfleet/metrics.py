@@ -1,0 +1,233 @@
+"""Per-dataset counters for Prometheus, read from the ledger at each scrape.
+
+``serve_metrics(redis_url, host, port)`` serves ``/metrics`` in the Prometheus text format (OpenMetrics when
+the scraper asks for it). Nothing is cached: every scrape reads ``Ledger.snapshot`` of each dataset in
+``Ledger.datasets()``, so the numbers are the ones ``tokenfleet status --json`` shows at that moment.
+
+Every series has a ``dataset`` label. A limit that is not set (no ``token_budget``, no ``max_samples``) has
+no series, so ``tokenfleet_dataset_tokens / tokenfleet_dataset_token_budget`` is defined exactly for the
+datasets that have a budget. ``tokenfleet_ledger_up`` is 0 when Redis did not answer the scrape (the
+dataset series are then absent), instead of the scrape failing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from budget import DatasetSnapshot, Ledger, LedgerError, UnknownDataset
+from budget.ledger import DatasetState, connect
+from budget.location import redis_url_from_env
+
+__all__ = [
+    "DEFAULT_PORT",
+    "METRICS_PATH",
+    "LedgerCollector",
+    "build_collector",
+    "main",
+    "make_metrics_server",
+    "serve_metrics",
+]
+
+log = logging.getLogger(__name__)
+
+#: The port ``tokenfleet metrics`` listens on unless told otherwise.
+DEFAULT_PORT: Final = 9808
+#: Where the metrics are served.
+METRICS_PATH: Final = "/metrics"
+PREFIX: Final = "tokenfleet_dataset_"
+#: How long one Redis call of a scrape may take (Prometheus' default scrape timeout is 10 s).
+SCRAPE_REDIS_TIMEOUT_S: Final = 5.0
+
+WsgiEnviron = dict[str, Any]
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[WsgiEnviron, StartResponse], Iterable[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Gauge:
+    """One per-dataset gauge: its name (after ``tokenfleet_dataset_``), help text and value."""
+
+    name: str
+    help: str
+    value: Callable[[DatasetSnapshot], int | None]
+
+
+#: The per-dataset gauges, in exposition order. ``dropped`` is the ledger's ``pending``, named as in
+#: ``tokenfleet status``.
+GAUGES: Final[tuple[_Gauge, ...]] = (
+    _Gauge("tokens", "Committed completion tokens.", lambda s: s.tokens),
+    _Gauge("token_budget", "Token budget (absent when the dataset has none).", lambda s: s.token_budget),
+    _Gauge("samples", "Samples committed (generated, written and counted once).", lambda s: s.samples),
+    _Gauge("max_samples", "Sample cap (absent when the dataset has none).", lambda s: s.max_samples),
+    _Gauge(
+        "failed", "Samples marked failed (reason in the ledger and in failed-*.jsonl).", lambda s: s.failed
+    ),
+    _Gauge(
+        "dropped",
+        "Samples taken back without a result (dropped by a limit, pause or revoke, or an expired lease): "
+        "pending, fed again when the dataset can go on.",
+        lambda s: s.pending,
+    ),
+    _Gauge("queued", "Tasks waiting in the queue.", lambda s: s.queued),
+    _Gauge("inflight", "Generations running now (leases held).", lambda s: s.inflight),
+    _Gauge("live_tokens", "Tokens generated so far by in-flight attempts.", lambda s: s.live_tokens),
+    _Gauge("truncated", "Committed samples whose generation was cut at the budget.", lambda s: s.truncated),
+    _Gauge(
+        "discarded_tokens",
+        "Tokens generated and thrown away by on_budget = discard (they count against the budget).",
+        lambda s: s.discarded_tokens,
+    ),
+    _Gauge(
+        "wasted_tokens",
+        "Tokens generated and not committed, for any reason (report only).",
+        lambda s: s.wasted_tokens,
+    ),
+    _Gauge("rejected", "Source lines rejected as invalid (see rejected.jsonl).", lambda s: s.rejected),
+    _Gauge("reclaimed", "Leases that expired (a worker died) and were taken back.", lambda s: s.reclaimed),
+    _Gauge(
+        "source_samples",
+        "Samples in the source, once the producer has read it to the end (absent before).",
+        lambda s: s.source_total if s.source_done else None,
+    ),
+    _Gauge("settled", "1 once nothing is left to do for the dataset, else 0.", lambda s: int(s.settled)),
+)
+
+STATES: Final[tuple[str, ...]] = tuple(s.value for s in DatasetState)
+
+
+class LedgerCollector(Collector):
+    """A Prometheus collector reading every dataset's snapshot from ``ledger`` at each ``collect()``."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def _families(self) -> tuple[GaugeMetricFamily, dict[str, GaugeMetricFamily], GaugeMetricFamily]:
+        up = GaugeMetricFamily("tokenfleet_ledger_up", "1 when the ledger's Redis answered this scrape.")
+        gauges = {g.name: GaugeMetricFamily(PREFIX + g.name, g.help, labels=["dataset"]) for g in GAUGES}
+        state = GaugeMetricFamily(
+            PREFIX + "state",
+            "The dataset's state: 1 for the current one (" + ", ".join(STATES) + "), 0 for the others.",
+            labels=["dataset", "state"],
+        )
+        return up, gauges, state
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples: registering the collector does not touch Redis."""
+        up, gauges, state = self._families()
+        yield up
+        yield from gauges.values()
+        yield state
+
+    def collect(self) -> Iterator[Metric]:
+        up, gauges, state = self._families()
+        try:
+            snapshots = self._snapshots()
+        except LedgerError as e:
+            log.warning("metrics scrape: %s", e)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        for snap in snapshots:
+            for g in GAUGES:
+                value = g.value(snap)
+                if value is not None:
+                    gauges[g.name].add_metric([snap.name], value)
+            for name in STATES:
+                state.add_metric([snap.name, name], 1 if snap.state == name else 0)
+        yield from gauges.values()
+        yield state
+
+    def _snapshots(self) -> list[DatasetSnapshot]:
+        out = []
+        for name in self.ledger.datasets():
+            # A dataset forgotten between the two reads is simply not there any more.
+            with contextlib.suppress(UnknownDataset):
+                out.append(self.ledger.snapshot(name))
+        return out
+
+
+def build_collector(ledger: Ledger) -> LedgerCollector:
+    """The collector of ``ledger``'s per-dataset gauges, to register in any ``CollectorRegistry``."""
+    return LedgerCollector(ledger)
+
+
+def _not_found(environ: WsgiEnviron, start_response: StartResponse) -> list[bytes]:
+    if environ.get("PATH_INFO", "/") == "/":
+        start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"tokenfleet metrics: {METRICS_PATH}\n".encode()]
+    start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+    return [f"not found: the metrics are at {METRICS_PATH}\n".encode()]
+
+
+def metrics_app(ledger: Ledger) -> WsgiApp:
+    """A WSGI app serving ``ledger``'s gauges on ``/metrics`` (and a pointer to it on ``/``)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(build_collector(ledger))
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: WsgiEnviron, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == METRICS_PATH:
+            result: Iterable[bytes] = metrics(environ, start_response)
+            return result
+        return _not_found(environ, start_response)
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def make_metrics_server(redis_url: str, host: str, port: int) -> WSGIServer:
+    """A bound, not yet serving, HTTP server for the ledger at ``redis_url`` (call ``serve_forever``)."""
+    # A scrape waits for Redis at most SCRAPE_REDIS_TIMEOUT_S, then answers with tokenfleet_ledger_up 0.
+    ledger = Ledger(connect(redis_url, socket_timeout=SCRAPE_REDIS_TIMEOUT_S))
+    return make_server(
+        host, port, metrics_app(ledger), server_class=_ThreadingServer, handler_class=_QuietHandler
+    )
+
+
+def serve_metrics(redis_url: str, host: str, port: int) -> None:
+    """Serve the ledger's per-dataset gauges on ``http://host:port/metrics`` until interrupted."""
+    server = make_metrics_server(redis_url, host, port)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tokenfleet.metrics [--host H] [--port P] [--redis-url URL]``."""
+    p = argparse.ArgumentParser(prog="tokenfleet metrics", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument("--redis-url", help="the ledger's Redis (default: $TOKENFLEET_REDIS_URL or local)")
+    args = p.parse_args(argv)
+    url = args.redis_url or redis_url_from_env()
+    print(f"tokenfleet metrics on http://{args.host}:{args.port}{METRICS_PATH}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        serve_metrics(url, args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
