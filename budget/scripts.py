@@ -29,6 +29,12 @@ SCRIPT_NAMES: Final = (
     "give_up",
     "audit_queued",
     "heartbeat",
+    "server_acquire",
+    "server_release",
+    "server_renew",
+    "server_report",
+    "server_probe",
+    "server_status",
 )
 
 

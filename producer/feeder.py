@@ -28,14 +28,14 @@ from budget.ledger import (
     ENQUEUE_WINDOW_FULL,
     DatasetState,
 )
-from producer.source import Rejected, Sample, iter_source
+from producer.source import RecordReader, Rejected, Sample, iter_source
 
 #: Tasks kept queued per dataset: enough to keep every worker thread busy, never the whole dataset.
 DEFAULT_WINDOW: Final = 512
 #: Samples asked about in one ledger call.
 DEFAULT_BATCH: Final = 256
 #: Pause between rounds when nothing could be fed.
-IDLE_POLL_S: Final = 0.2
+IDLE_POLL_S: Final = 0.05
 
 #: Reclaim expired leases and audit queued samples this often.
 AUDIT_EVERY_S: Final = 5.0
@@ -67,6 +67,8 @@ class DatasetFeed:
     pass_complete: bool = False
     #: Samples published by the current pass.
     published_this_pass: int = 0
+    #: How records become samples (format, tokenizer, context length); None: the plain line format.
+    reader: RecordReader | None = None
     buffer: deque[Sample] = field(default_factory=deque)
     _lines: Iterator[Sample | Rejected] | None = None
 
@@ -75,7 +77,7 @@ class DatasetFeed:
         self.pass_complete = False
         self.published_this_pass = 0
         self.buffer.clear()
-        self._lines = iter_source(self.path)
+        self._lines = iter_source(self.path, reader=self.reader)
         if self.passes == 1:
             self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
             self.rejected_path.write_bytes(b"")

@@ -1,19 +1,20 @@
-"""Reading a dataset's JSONL source, streamed line by line.
+"""Reading a dataset's source, streamed record by record, into `Sample` and `Rejected` items.
 
-Each non-blank line is one JSON object: an optional ``id`` (string or integer), the prompt as
-``input_ids`` (non-empty list of non-negative integers) or ``text`` (non-empty string), and any other
-fields, which are carried along as ``meta``. A bad line never stops the stream: it comes out as a
-`Rejected` with a one-line reason. Only a problem with the file as a whole raises `SourceError`.
+The rows come from `producer.containers` (JSON Lines, gzip, Parquet, a saved Hugging Face dataset, other
+local data files), each record's shape is read by `producer.formats`, and chat records become exact prompt
+tokens through `producer.chat`. A bad record never stops the stream: it comes out as a `Rejected` with its
+line (or row) number and a one-line reason. Only a problem with the source as a whole raises `SourceError`.
 
-The file is never loaded whole: a source may hold millions of lines.
+Without a `RecordReader`, `iter_source` reads tokenfleet's original line format: an optional ``id``
+(string or integer), the prompt as ``input_ids`` (non-empty list of non-negative integers) or ``text``
+(non-empty string), and any other fields, carried along as ``meta``. A dataset of the config is read with
+its own `SourceOptions` (format, id field, tokenizer, regenerate mode, system prompt, context length).
+
+The source is never loaded whole: it may hold millions of records.
 """
 
 from __future__ import annotations
 
-import codecs
-import hashlib
-import os
-import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +22,28 @@ from typing import Any, Final
 
 import orjson
 
+from producer.chat import REPLY, ChatTokenizer, count_replies, load_chat_tokenizer, plan_conversation
+from producer.chat import prompt_messages as _prompt_messages
+from producer.containers import SourceError, check_source, open_rows
+from producer.formats import (
+    PLAIN,
+    REASON_BAD_INPUT_IDS,
+    ROLES,
+    derive_sample_id,
+    read_record,
+    valid_input_ids,
+)
+
 __all__ = [
     "RAW_PREVIEW_CHARS",
+    "RecordReader",
     "Rejected",
     "Sample",
     "SourceError",
+    "SourceOptions",
     "check_source",
     "derive_sample_id",
+    "first_record",
     "iter_source",
     "parse_line",
 ]
@@ -35,54 +51,46 @@ __all__ = [
 #: How much of a rejected line `Rejected.raw` keeps.
 RAW_PREVIEW_CHARS: Final = 200
 
-#: Keys of a source line that are not meta.
-_ID_KEY: Final = "id"
-_INPUT_IDS_KEY: Final = "input_ids"
-_TEXT_KEY: Final = "text"
-
 REASON_NOT_OBJECT: Final = "not a JSON object"
-REASON_NO_PROMPT: Final = 'no prompt: needs "input_ids" or "text"'
-REASON_BAD_INPUT_IDS: Final = '"input_ids" must be a non-empty list of non-negative integers'
 REASON_BAD_TEXT: Final = '"text" must be a non-empty string'
-REASON_BAD_ID: Final = '"id" must be a string or integer'
-REASON_EMPTY_ID: Final = '"id" must not be an empty string'
 REASON_BAD_UTF8: Final = "invalid UTF-8"
-
-
-class SourceError(Exception):
-    """A dataset source that cannot be read at all (missing, a directory, unreadable).
-
-    ``str()`` is one line naming the file, e.g. ``data/b2.jsonl: no such file``.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
-        self.path = str(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
+REASON_NEEDS_TOKENIZER: Final = (
+    "a chat record needs the target model's tokenizer: set tokenizer = <local folder> for this dataset"
+)
 
 
 @dataclass(slots=True, frozen=True)
 class Sample:
-    """One prompt of a source. Exactly one of ``input_ids`` and ``text`` is set."""
+    """One prompt of a source. Exactly one of ``input_ids`` and ``text`` is set.
+
+    ``conversation`` (chat and text records of a configured dataset) is the conversation to generate:
+    the prompt's turns as ``{"role", "content"}``, each reply to generate as an assistant turn whose
+    content is None. The worker generates one reply from ``input_ids`` or ``text``, or several in turn
+    (`workers.conversation`) when the conversation holds more than one.
+    """
 
     sample_id: str
     line_no: int
     input_ids: list[int] | None
     text: str | None
     meta: dict[str, Any]
+    conversation: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if (self.input_ids is None) == (self.text is None):
             raise ValueError("a Sample needs exactly one of input_ids and text")
 
     def to_task_payload(self) -> dict[str, Any]:
-        """A JSON-ready dict: ``sample_id``, ``line_no``, ``input_ids`` or ``text``, ``meta``."""
+        """A JSON-ready dict: ``sample_id``, ``line_no``, ``input_ids`` or ``text``, ``meta`` and, when set,
+        ``conversation``."""
         payload: dict[str, Any] = {"sample_id": self.sample_id, "line_no": self.line_no}
         if self.input_ids is not None:
             payload["input_ids"] = list(self.input_ids)
         if self.text is not None:
             payload["text"] = self.text
         payload["meta"] = dict(self.meta)
+        if self.conversation is not None:
+            payload["conversation"] = [dict(t) for t in self.conversation]
         return payload
 
     @classmethod
@@ -93,11 +101,12 @@ class Sample:
         input_ids = d.get("input_ids")
         text = d.get("text")
         meta = d.get("meta", {})
+        conversation = d.get("conversation")
         if not isinstance(sample_id, str) or not sample_id:
             raise ValueError("task payload: 'sample_id' must be a non-empty string")
         if type(line_no) is not int or line_no < 1:
             raise ValueError("task payload: 'line_no' must be an integer >= 1")
-        if input_ids is not None and not _valid_input_ids(input_ids):
+        if input_ids is not None and not valid_input_ids(input_ids):
             raise ValueError(f"task payload: {REASON_BAD_INPUT_IDS}")
         if text is not None and (not isinstance(text, str) or not text):
             raise ValueError(f"task payload: {REASON_BAD_TEXT}")
@@ -105,13 +114,30 @@ class Sample:
             raise ValueError("task payload: needs exactly one of 'input_ids' and 'text'")
         if not isinstance(meta, dict):
             raise ValueError("task payload: 'meta' must be an object")
+        if conversation is not None and not _valid_conversation(conversation):
+            raise ValueError(
+                "task payload: 'conversation' must be a list of {role, content} turns with a reply to fill"
+            )
         return cls(
             sample_id=sample_id,
             line_no=line_no,
             input_ids=list(input_ids) if input_ids is not None else None,
             text=text,
             meta=dict(meta),
+            conversation=[dict(t) for t in conversation] if conversation is not None else None,
         )
+
+
+def _valid_conversation(value: object) -> bool:
+    if not isinstance(value, list) or not value:
+        return False
+    for turn in value:
+        if not isinstance(turn, dict) or turn.get("role") not in ROLES:
+            return False
+        content = turn.get("content")
+        if not (isinstance(content, str) or (content is None and turn["role"] == "assistant")):
+            return False
+    return count_replies(value) > 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -127,80 +153,125 @@ class Rejected:
             object.__setattr__(self, "raw", self.raw[:RAW_PREVIEW_CHARS])
 
 
-def derive_sample_id(obj: Mapping[str, Any]) -> str:
-    """The id of a line without one: ``"h"`` + the first 16 hex digits of the sha1 of its canonical JSON.
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """How one dataset's records are read: the config's per-dataset keys, and what submit learned."""
 
-    Canonical JSON is orjson with sorted keys, so the id depends only on the parsed content (not on key
-    order or whitespace) and is the same on every run and machine. Identical lines get identical ids.
-    """
-    canonical = orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
-    return "h" + hashlib.sha1(canonical).hexdigest()[:16]
-
-
-def check_source(path: Path) -> None:
-    """Raise `SourceError` unless ``path`` is an existing, readable regular file (an empty one is fine).
-
-    Cheap: one stat and one open, nothing is read.
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise SourceError(path, "no such file") from None
-    except NotADirectoryError:
-        raise SourceError(path, "no such file (a parent is not a directory)") from None
-    except OSError as exc:
-        raise SourceError(path, f"cannot access: {_os_reason(exc)}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise SourceError(path, "is a directory, not a file")
-    if not stat.S_ISREG(st.st_mode):
-        # A FIFO or device would block or could not be re-read on resume.
-        raise SourceError(path, "not a regular file")
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise SourceError(path, f"cannot read: {_os_reason(exc)}") from None
+    format: str = "auto"
+    id_field: str = "id"
+    regenerate: str = "last"
+    system_prompt: str | None = None
+    #: A local tokenizer folder (or a model id in the Hugging Face cache); needed for chat records.
+    tokenizer: str | None = None
+    #: The servers' context length and the dataset's ``max_new_tokens``: a prompt that would not fit is
+    #: rejected at submit, with its line, instead of failing on the server.
+    context_length: int | None = None
+    max_new_tokens: int | None = None
 
 
-def iter_source(path: Path, start_line: int = 1) -> Iterator[Sample | Rejected]:
-    """Stream the samples of a JSONL source, one `Sample` or `Rejected` per non-blank line.
+class RecordReader:
+    """Turns rows into samples for one dataset. Loads the tokenizer at once (a `ChatError` then)."""
+
+    def __init__(self, options: SourceOptions | None = None) -> None:
+        self.options = options if options is not None else SourceOptions()
+        self.fmt = PLAIN if options is None else options.format
+        self.chat: ChatTokenizer | None = (
+            load_chat_tokenizer(self.options.tokenizer) if self.options.tokenizer else None
+        )
+
+    def read(self, data: bytes | dict[str, Any], line_no: int) -> Sample | Rejected:
+        """One row (a raw JSON line, or a decoded row) as a `Sample` or a `Rejected`."""
+        if isinstance(data, bytes):
+            parsed = _parse_json(data, line_no)
+            if isinstance(parsed, Rejected):
+                return parsed
+            obj = parsed
+        else:
+            obj = data
+        record = read_record(obj, self.fmt, self.options.id_field)
+        if isinstance(record, str):
+            return _reject(line_no, record, data)
+        if record.input_ids is not None:
+            problem = self._too_long(len(record.input_ids))
+            if problem:
+                return _reject(line_no, problem, data)
+            return Sample(record.sample_id, line_no, record.input_ids, None, record.meta)
+        turns = record.turns
+        if record.text is not None:
+            if self.fmt == PLAIN:
+                return Sample(record.sample_id, line_no, None, record.text, record.meta)
+            if self.chat is None:
+                conversation = [{"role": "user", "content": record.text}, dict(REPLY)]
+                return Sample(record.sample_id, line_no, None, record.text, record.meta, conversation)
+            turns = [{"role": "user", "content": record.text}]
+        assert turns is not None
+        if self.chat is None:
+            return _reject(line_no, REASON_NEEDS_TOKENIZER, data)
+        planned = plan_conversation(turns, self.options.regenerate, self.options.system_prompt)
+        if isinstance(planned, str):
+            return _reject(line_no, planned, data)
+        try:
+            input_ids = self.chat.prompt_ids(_prompt_messages(planned, 0))
+        except ValueError as exc:
+            return _reject(line_no, str(exc), data)
+        problem = self._too_long(len(input_ids))
+        if problem:
+            return _reject(line_no, problem, data)
+        return Sample(record.sample_id, line_no, input_ids, None, record.meta, planned)
+
+    def _too_long(self, prompt_tokens: int) -> str | None:
+        context = self.options.context_length
+        if context is None:
+            return None
+        if prompt_tokens >= context:
+            return f"prompt too long: {prompt_tokens} tokens, the servers' context length is {context}"
+        wanted = self.options.max_new_tokens or 0
+        if prompt_tokens + wanted > context:
+            return (
+                f"prompt too long: {prompt_tokens} tokens + max_new_tokens {wanted} = "
+                f"{prompt_tokens + wanted}, over the servers' context length of {context}"
+            )
+        return None
+
+
+_PLAIN_READER: Final = RecordReader()
+
+
+def iter_source(
+    path: Path, start_line: int = 1, reader: RecordReader | None = None
+) -> Iterator[Sample | Rejected]:
+    """Stream the samples of a source, one `Sample` or `Rejected` per non-blank line (or row).
 
     Lines before ``start_line`` (1-based) are skipped unparsed; line numbers always count every line of
     the file, blank ones included. Blank lines yield nothing. Raises `SourceError` (right away, not on
-    the first ``next()``) if the file cannot be read; never raises for a bad line.
+    the first ``next()``) if the source cannot be read; never raises for a bad line. ``reader`` (default:
+    the original ``input_ids`` / ``text`` line format) turns records into samples.
     """
     if type(start_line) is not int or start_line < 1:
         raise ValueError(f"start_line must be an integer >= 1, got {start_line!r}")
-    check_source(path)
-    return _iter_lines(path, start_line)
+    rows = open_rows(path, start_line)
+    read = (reader or _PLAIN_READER).read
+    return (read(data, line_no) for line_no, data in rows)
 
 
-def _iter_lines(path: Path, start_line: int) -> Iterator[Sample | Rejected]:
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below, errors mapped to SourceError
-    except OSError as exc:
-        raise SourceError(path, f"cannot read: {_os_reason(exc)}") from None
-    with f:
-        line_no = 0
-        while True:
-            try:
-                raw = f.readline()
-            except OSError as exc:
-                raise SourceError(path, f"read failed at line {line_no + 1}: {_os_reason(exc)}") from None
-            if not raw:
-                return
-            line_no += 1
-            if line_no < start_line:
-                continue
-            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]
-            if not raw or raw.isspace():
-                continue
-            yield parse_line(raw, line_no)
+def first_record(path: Path, fmt: str, id_field: str = "id") -> tuple[int, str] | None:
+    """The line number and shape (``messages``, ``text``, ...) of the source's first readable record, or
+    None when it has none. Reads only as far as that record."""
+    for line_no, data in open_rows(path):
+        obj = data if isinstance(data, dict) else _parse_json(data, line_no)
+        if isinstance(obj, dict):
+            record = read_record(obj, fmt, id_field)
+            if not isinstance(record, str):
+                return line_no, record.shape
+    return None
 
 
 def parse_line(raw: bytes, line_no: int) -> Sample | Rejected:
     """Parse one source line (with or without its line ending) into a `Sample` or a `Rejected`."""
+    return _PLAIN_READER.read(raw, line_no)
+
+
+def _parse_json(raw: bytes, line_no: int) -> dict[str, Any] | Rejected:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -211,49 +282,10 @@ def parse_line(raw: bytes, line_no: int) -> Sample | Rejected:
         return _reject(line_no, f"invalid JSON: {exc}", raw)
     if not isinstance(obj, dict):
         return _reject(line_no, REASON_NOT_OBJECT, raw)
-
-    # null counts as absent for the three known keys: exports of nullable columns write them.
-    raw_id = obj.get(_ID_KEY)
-    input_ids = obj.get(_INPUT_IDS_KEY)
-    text = obj.get(_TEXT_KEY)
-
-    if raw_id is None:
-        sample_id = derive_sample_id(obj)
-    elif isinstance(raw_id, str):
-        if not raw_id:
-            return _reject(line_no, REASON_EMPTY_ID, raw)
-        sample_id = raw_id
-    elif isinstance(raw_id, int) and not isinstance(raw_id, bool):
-        sample_id = str(raw_id)
-    else:
-        return _reject(line_no, REASON_BAD_ID, raw)
-
-    obj.pop(_ID_KEY, None)
-    obj.pop(_INPUT_IDS_KEY, None)
-    if input_ids is not None:
-        if not _valid_input_ids(input_ids):
-            return _reject(line_no, REASON_BAD_INPUT_IDS, raw)
-        # input_ids wins; a "text" stays in meta untouched.
-        if text is None:
-            obj.pop(_TEXT_KEY, None)
-        return Sample(sample_id=sample_id, line_no=line_no, input_ids=input_ids, text=None, meta=obj)
-    if text is not None:
-        if not isinstance(text, str) or not text:
-            return _reject(line_no, REASON_BAD_TEXT, raw)
-        obj.pop(_TEXT_KEY, None)
-        return Sample(sample_id=sample_id, line_no=line_no, input_ids=None, text=text, meta=obj)
-    return _reject(line_no, REASON_NO_PROMPT, raw)
+    return obj
 
 
-def _valid_input_ids(value: object) -> bool:
-    # set(map(type, ...)) runs in C: bools, floats, strings, nulls and nested values all fail it.
-    return isinstance(value, list) and len(value) > 0 and set(map(type, value)) == {int} and min(value) >= 0
-
-
-def _reject(line_no: int, reason: str, raw: bytes) -> Rejected:
-    preview = raw[: RAW_PREVIEW_CHARS * 4].decode("utf-8", errors="replace").rstrip("\r\n")
+def _reject(line_no: int, reason: str, raw: bytes | dict[str, Any]) -> Rejected:
+    data = raw if isinstance(raw, bytes) else orjson.dumps(raw)
+    preview = data[: RAW_PREVIEW_CHARS * 4].decode("utf-8", errors="replace").rstrip("\r\n")
     return Rejected(line_no=line_no, reason=reason, raw=preview)
-
-
-def _os_reason(exc: OSError) -> str:
-    return exc.strerror or exc.__class__.__name__

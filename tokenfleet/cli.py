@@ -50,6 +50,7 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     from rich.live import Live
 
+    from budget.servers import ServerLedger
     from workers.version import full_version
 
     ledger = _ledger(args)
@@ -59,13 +60,16 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
         snaps = [ledger.snapshot(n) for n in (args.names or ledger.datasets())]
         if not snaps:
             return f"no datasets in the ledger at {redact_url(_redis_url(args))}"
-        return fleet_view(snaps, ledger.workers(), mine)
+        return fleet_view(snaps, ledger.workers(), mine, servers=ServerLedger(ledger.client).status())
 
     if args.json:
         snaps = [ledger.snapshot(n) for n in (args.names or ledger.datasets())]
         body = {
             "datasets": [snapshot_json(s) for s in snaps],
             "workers": workers_json(ledger.workers(), mine),
+            "servers": [
+                s.as_dict() | {"url": redact_url(s.url)} for s in ServerLedger(ledger.client).status()
+            ],
             "version": mine,
         }
         sys.stdout.write(orjson.dumps(body).decode() + "\n")

@@ -55,6 +55,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from budget.location import DEFAULT_REDIS_URL, REDIS_URL_ENV
+from producer.formats import Format
 from producer.source import SourceError, check_source
 from workers.sglang.protocol import (
     SAMPLING_PARAM_KEYS,
@@ -84,6 +85,12 @@ DEFAULT_TIMEOUT_S: Final = 1800.0
 DATASET_NAME_MAX_LEN: Final = 128
 
 OnBudget = Literal["truncate", "discard", "drain"]
+#: ``regenerate``: "last" generates a chat record's final assistant turn; "all" every assistant turn in
+#: order, each with the replies generated before it as context (``docs/eagle3.md``).
+Regenerate = Literal["last", "all"]
+DEFAULT_ID_FIELD: Final = "id"
+#: Keys a ``[[dataset]]`` inherits from the top level when it does not set them.
+_INHERITED_KEYS: Final = ("tokenizer", "format", "id_field", "regenerate", "system_prompt")
 
 _REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
 _SERVER_SCHEMES: Final = ("http", "https")
@@ -299,6 +306,7 @@ SamplingParams = Annotated[dict[str, Any], AfterValidator(_check_sampling)]
 ServerUrls = Annotated[list[str], Field(min_length=1), AfterValidator(_check_server_urls)]
 RedisUrl = Annotated[str, Strict(), AfterValidator(_check_redis_url)]
 Timeout = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 
 
 # ------------------------------------------------------------------------------------------- models
@@ -313,6 +321,7 @@ class ServerConfig(_Model):
 
     urls: ServerUrls
     timeout_s: Timeout = DEFAULT_TIMEOUT_S
+    max_inflight_per_server: PositiveInt | None = None
 
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():
@@ -345,6 +354,12 @@ class DatasetConfig(_Model):
     max_samples: PositiveInt | None = None
     on_budget: OnBudget = "truncate"
     sampling: SamplingParams = Field(default_factory=dict)
+    #: The target model's tokenizer: an absolute folder, or a model id in the Hugging Face cache.
+    tokenizer: str | None = None
+    format: Format = "auto"
+    id_field: str = DEFAULT_ID_FIELD
+    regenerate: Regenerate = "last"
+    system_prompt: str | None = None
 
 
 class FleetConfig(_Model):
@@ -387,6 +402,12 @@ class _DatasetTable(_Model):
     max_samples: PositiveInt | None = None
     on_budget: OnBudget = "truncate"
     sampling: SamplingParams = Field(default_factory=dict)
+    # None: inherited from the top level.
+    tokenizer: NonEmptyStr | None = None
+    format: Format | None = None
+    id_field: NonEmptyStr | None = None
+    regenerate: Regenerate | None = None
+    system_prompt: Annotated[str, Strict()] | None = None
 
 
 class _ConfigFile(_Model):
@@ -399,6 +420,11 @@ class _ConfigFile(_Model):
     dataset: list[_DatasetTable] = Field(min_length=1)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     fsync: FsyncPolicy = "always"
+    tokenizer: NonEmptyStr | None = None
+    format: Format = "auto"
+    id_field: NonEmptyStr = DEFAULT_ID_FIELD
+    regenerate: Regenerate = "last"
+    system_prompt: Annotated[str, Strict()] | None = None
 
 
 # ---------------------------------------------------------------------------------------- load_config
@@ -471,6 +497,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
                 "max_samples": table.max_samples,
                 "on_budget": table.on_budget,
                 "sampling": sampling,
+                **_prompt_keys(doc, i, base, locator, shown),
             }
         )
 
@@ -495,6 +522,39 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         )
     except ValidationError as exc:  # pragma: no cover - the file model checked all of it already
         raise _translate(exc, raw, locator, shown) from None
+
+
+def _prompt_keys(doc: _ConfigFile, i: int, base: Path, locator: _KeyLocator, shown: str) -> dict[str, Any]:
+    """Dataset ``i``'s tokenizer, format, id_field, regenerate and system_prompt: its own, else the top
+    level's. A tokenizer that names an existing folder (relative to the config's folder) becomes absolute;
+    anything else that does not look like a path is a model id for the Hugging Face cache."""
+    table = doc.dataset[i]
+    keys = {k: v if (v := getattr(table, k)) is not None else getattr(doc, k) for k in _INHERITED_KEYS}
+
+    def line(key: str) -> int | None:
+        own = getattr(table, key) is not None
+        return locator.line(("dataset", i, key) if own else (key,))
+
+    tokenizer = keys["tokenizer"]
+    if tokenizer is not None:
+        folder = _resolve(base, tokenizer)
+        if folder.is_dir():
+            keys["tokenizer"] = str(folder)
+        elif folder.exists() or tokenizer.startswith(("/", ".", "~")):
+            what = "is not a folder" if folder.exists() else "no such folder"
+            raise ConfigError(
+                f'dataset "{table.name}": tokenizer "{tokenizer}": {what} ({folder})',
+                file=shown,
+                line=line("tokenizer"),
+            )
+    if keys["system_prompt"] is not None and tokenizer is None:
+        raise ConfigError(
+            f'dataset "{table.name}": system_prompt needs a tokenizer '
+            "(the prompt is written with the model's chat template)",
+            file=shown,
+            line=line("system_prompt"),
+        )
+    return keys
 
 
 def _read_text(config_path: Path, shown: str) -> str:

@@ -12,18 +12,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.markup import escape
 
 from budget import DatasetLimits, DatasetSnapshot, Ledger
+from budget.servers import ServerLedger
+from producer.chat import ChatError
 from producer.feeder import DEFAULT_WINDOW, DatasetFeed, Feeder
+from producer.formats import CHAT_SHAPES
+from producer.source import RecordReader, SourceError, SourceOptions, first_record
 from tokenfleet.config import FleetConfig, redact_url
 from tokenfleet.publish import TaskPublisher
 from tokenfleet.reconcile import disagreement
-from tokenfleet.view import status_table
+from tokenfleet.view import fleet_view
 from workers.settings import QUEUE_NAME
 from workers.sglang.client import SGLangClient, SGLangError
+from workers.sglang.protocol import MODELS_PATH
+from workers.version import full_version
 
 #: The prompt of the one-token probe sent to each server at submit (any valid token ids do).
 PROBE_INPUT_IDS: Final = [1, 2, 3]
@@ -46,8 +52,23 @@ class ServerCheck:
 def dataset_spec(cfg: FleetConfig, name: str) -> dict[str, Any]:
     """What workers read from the ledger for each task of dataset ``name``."""
     ds = next(d for d in cfg.datasets if d.name == name)
+    # Generations in flight per server, fleet-wide (workers.servers). Default: the server's batch size, so
+    # requests wait in our queue rather than in the server's. A server that does not tell (down now, or an
+    # sglang-router, which has no /server_info) gets no cap.
+    caps: dict[str, int | None] = dict.fromkeys(cfg.server.urls, cfg.server.max_inflight_per_server)
+    if cfg.server.max_inflight_per_server is None:
+        with SGLangClient(max_connections=4) as client:
+            for url in cfg.server.urls:
+                try:
+                    info = client.server_info(url)
+                except (SGLangError, ValueError):
+                    continue
+                state = (info.get("internal_states") or [{}])[0]
+                running = info.get("max_running_requests") or (state or {}).get("max_running_requests")
+                caps[url] = running if isinstance(running, int) and running > 0 else None
     return {
         "servers": list(cfg.server.urls),
+        "max_inflight_per_server": caps,
         "timeout_s": cfg.server.timeout_s,
         "sampling": ds.sampling,
         "output_dir": str(cfg.output_dir),
@@ -56,6 +77,9 @@ def dataset_spec(cfg: FleetConfig, name: str) -> dict[str, Any]:
         "max_attempts": cfg.retry.max_attempts,
         "backoff_base_s": cfg.retry.backoff_base_s,
         "backoff_cap_s": cfg.retry.backoff_cap_s,
+        # Workers render the prompts of a regenerate="all" conversation after its first reply.
+        "tokenizer": ds.tokenizer,
+        "regenerate": ds.regenerate,
     }
 
 
@@ -86,9 +110,20 @@ def check_servers(cfg: FleetConfig, client: SGLangClient) -> list[ServerCheck]:
                     f'{cfg.source_path}: dataset "{ds.name}": server {url} refused its sampling params: '
                     f"{e.message}"
                 ) from None
-        context = info.get("context_length")
+        # sglang's server args say context_length only when it was set on the command line; /v1/models
+        # always has the model's.
+        context = info.get("context_length") or _models_context_length(client, url)
         checks.append(ServerCheck(url, int(context) if context else None))
     return checks
+
+
+def _models_context_length(client: SGLangClient, url: str) -> int | None:
+    try:
+        models = client.get_json(url, MODELS_PATH).get("data") or [{}]
+    except (SGLangError, ValueError):
+        return None
+    context = models[0].get("max_model_len") if isinstance(models[0], dict) else None
+    return context if isinstance(context, int) and context > 0 else None
 
 
 def register(cfg: FleetConfig, ledger: Ledger) -> dict[str, str]:
@@ -108,8 +143,35 @@ def warn_on_disagreement(cfg: FleetConfig, ledger: Ledger, console: Console) -> 
             console.print(f"[bold red]warning:[/] {escape(ds.name)}: {escape(problem)}")
 
 
-def feeds_for(cfg: FleetConfig) -> list[DatasetFeed]:
-    return [DatasetFeed(ds.name, ds.path, cfg.output_dir / ds.name / "rejected.jsonl") for ds in cfg.datasets]
+def feeds_for(cfg: FleetConfig, context_length: int | None = None) -> list[DatasetFeed]:
+    """One feed per dataset, reading its records with its format, tokenizer and the servers' context
+    length. Loads each tokenizer and reads each source's first record now: a chat dataset without a usable
+    tokenizer is a SubmitError before anything is registered."""
+    feeds = []
+    for ds in cfg.datasets:
+        where = f'{cfg.source_path}: dataset "{ds.name}"'
+        options = SourceOptions(
+            format=ds.format,
+            id_field=ds.id_field,
+            regenerate=ds.regenerate,
+            system_prompt=ds.system_prompt,
+            tokenizer=ds.tokenizer,
+            context_length=context_length,
+            max_new_tokens=ds.sampling.get("max_new_tokens"),
+        )
+        try:
+            reader = RecordReader(options)
+            first = first_record(ds.path, ds.format, ds.id_field)
+        except (ChatError, SourceError) as e:
+            raise SubmitError(f"{where}: {e}") from None
+        if first is not None and first[1] in CHAT_SHAPES and reader.chat is None:
+            raise SubmitError(
+                f"{where}: line {first[0]} is a {first[1]} record: chat records are written with the target "
+                "model's chat template, set tokenizer = <its local folder>"
+            )
+        rejected = cfg.output_dir / ds.name / "rejected.jsonl"
+        feeds.append(DatasetFeed(ds.name, ds.path, rejected, reader=reader))
+    return feeds
 
 
 def _plain_line(snaps: Sequence[DatasetSnapshot]) -> str:
@@ -134,9 +196,12 @@ def run_submit(
     ``observer`` sees every snapshot the progress display sees (benchmarks time state changes with it)."""
     Ledger.from_url(cfg.redis_url).ping()  # fail fast on a wrong URL, before anything is written
     ledger = Ledger.from_url(cfg.redis_url, patient=True)
+    context_length = None
     if server_check:
         with SGLangClient(max_connections=4) as client:
-            check_servers(cfg, client)
+            checks = check_servers(cfg, client)
+        context_length = min((c.context_length for c in checks if c.context_length), default=None)
+    feeds = feeds_for(cfg, context_length)  # loads the tokenizers: before anything is registered
 
     from workers.app import make_app
 
@@ -148,7 +213,7 @@ def run_submit(
             console.print(f"[yellow]{name} is {state}: nothing is fed until `tokenfleet resume {name}`[/]")
     console.print(f"submitted {len(states)} dataset(s) to {redact_url(cfg.redis_url)}; waiting for workers")
 
-    feeder = Feeder(ledger, TaskPublisher(app), feeds_for(cfg), window=window, queue_key=QUEUE_NAME)
+    feeder = Feeder(ledger, TaskPublisher(app), feeds, window=window, queue_key=QUEUE_NAME)
 
     def observed(show: Callable[[list[DatasetSnapshot]], None]) -> Callable[[list[DatasetSnapshot]], None]:
         def tick(snaps: list[DatasetSnapshot]) -> None:
@@ -160,8 +225,14 @@ def run_submit(
 
     tick_s = 0.05 if observer is not None else 0.5
     if console.is_terminal:
-        with Live(status_table(feeder.snapshots()), console=console, refresh_per_second=4) as live:
-            return feeder.run(on_tick=observed(lambda snaps: live.update(status_table(snaps))), tick_s=tick_s)
+        mine = full_version()
+
+        def view(snaps: list[DatasetSnapshot]) -> RenderableType:
+            servers = ServerLedger(ledger.client).status()
+            return fleet_view(snaps, ledger.workers(), mine, title="tokenfleet submit", servers=servers)
+
+        with Live(view(feeder.snapshots()), console=console, refresh_per_second=4) as live:
+            return feeder.run(on_tick=observed(lambda snaps: live.update(view(snaps))), tick_s=tick_s)
     last = [0.0]
 
     def plain(snaps: list[DatasetSnapshot]) -> None:

@@ -13,6 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from budget import DatasetSnapshot
+from budget.servers import ServerStatus
+from tokenfleet.config import redact_url
 
 #: The first fields of each dataset in ``status --json``, in order (the interface later checks drive).
 STATUS_FIELDS: Final = (
@@ -204,13 +206,35 @@ def workers_table(workers: Sequence[dict[str, Any]], my_version: str) -> Table:
     return table
 
 
+def servers_table(servers: Sequence[ServerStatus]) -> Table:
+    """Each server's health, in-flight generations against its fleet-wide cap, and request rate."""
+    table = Table(title="servers", header_style="bold")
+    for col in ("server", "health", "in flight / cap", "req/s", "failures (in a row)", "last error"):
+        table.add_column(col)
+    for s in servers:
+        health = Text("up", style="green") if s.up else Text("down", style="bold red")
+        cap = "-" if s.cap is None else f"{s.cap:,}"
+        table.add_row(
+            redact_url(s.url),
+            health,
+            f"{s.inflight:,} / {cap}",
+            f"{s.requests_per_s:,.1f}",
+            f"{s.failures:,} ({s.fails_in_a_row})",
+            Text(s.last_error[:80], style="red" if not s.up else "dim"),
+        )
+    return table
+
+
 def fleet_view(
     snapshots: Sequence[DatasetSnapshot],
     workers: Sequence[dict[str, Any]],
     my_version: str,
     title: str | None = None,
+    servers: Sequence[ServerStatus] = (),
 ) -> RenderableType:
     parts: list[RenderableType] = [status_table(snapshots, title)]
+    if servers:
+        parts.append(servers_table(servers))
     if workers:
         parts.append(workers_table(workers, my_version))
     else:

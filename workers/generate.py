@@ -19,6 +19,7 @@ from typing import Any, Final
 from budget import Admission, Ledger, Progress
 from budget.ledger import DatasetState
 from workers.aborts import DatasetAborter
+from workers.conversation import Conversation, record_fields
 from workers.leases import Lease, LeaseKeeper
 from workers.rids import new_rid
 from workers.servers import ServerPicker
@@ -78,7 +79,7 @@ class SampleRunner:
         self.sink = sink
         self.keeper = keeper
         self.lease_ms = lease_ms
-        self.picker = ServerPicker()
+        self.picker = ServerPicker(ledger.client, lease_ms)
         self.abort_dataset = DatasetAborter(client)
         self.sleep = sleep
 
@@ -109,12 +110,14 @@ class SampleRunner:
         cap_s = float(spec.get("backoff_cap_s", BACKOFF_CAP_S))
         last_error: SGLangError | None = None
         last_server: str | None = None
+        conversation = Conversation.of(sample, spec, dataset)  # several replies (regenerate = "all")
         for try_no in range(1, max_attempts + 1):
             if try_no > 1:
                 self.sleep(backoff_s(try_no - 1, base_s, cap_s))
                 verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
                 if verdict is not Progress.CONTINUE or lease.lost.is_set():
-                    return self._give_back(dataset, sid, attempt, state, verdict, 0)
+                    kept = conversation.kept_tokens if conversation else 0
+                    return self._give_back(dataset, sid, attempt, state, verdict, kept)
             live = 0
             stop: tuple[Progress, str] | None = None
 
@@ -133,9 +136,19 @@ class SampleRunner:
                     return False
                 return True
 
-            with self.picker.use(servers, avoid=last_server) as server:
+            def keep_turn() -> None:
+                # A finished reply of a conversation stays counted: the next try resumes after it.
+                nonlocal live
+                live = 0
+
+            generate = self.client.generate
+            if conversation is not None:
+                generate = conversation.generator(self.client, keep_turn)
+            with self.picker.use(
+                servers, avoid=last_server, failure=last_error, caps=spec.get("max_inflight_per_server")
+            ) as server:
                 try:
-                    gen = self.client.generate(
+                    gen = generate(
                         server,
                         rid=new_rid(dataset),
                         sampling_params=sampling,
@@ -227,6 +240,7 @@ class SampleRunner:
             "server": gen.server,
             "created_at": time.time(),
         }
+        record.update(record_fields(sample, gen))
         self.sink.write_record(dataset_dir(spec["output_dir"], dataset), record, spec.get("fsync", "always"))
         outcome = self.ledger.commit(dataset, sid, attempt, gen.completion_tokens, truncated)
         return Outcome(

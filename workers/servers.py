@@ -1,32 +1,246 @@
-"""Choosing a server for each generation: the one with the fewest requests in flight from this process."""
+"""Choosing a server for each generation, fleet-wide.
+
+Each generation takes a slot on the server with the fewest generations in flight across the whole fleet
+(every worker process on every host), among those below their cap (``max_inflight_per_server``, by default
+the server's ``max_running_requests``): one atomic pick in Redis (``budget/lua/server_acquire.lua``). A slot
+is a lease, renewed here while its generation runs, so a killed worker's slots expire. When every server
+is at its cap the generation waits, asking again with a bounded backoff (at once when a thread of this
+process gives a slot back).
+
+Health. The runner retries a generation that failed on the server's side (transport error, 5xx, dropped
+stream, an abort we did not ask for) on another server, and names the failed one (``avoid``, ``failure``):
+that is how the picker learns of a failure. A generation whose thread starts the next one without naming
+it was answered. ``DEFAULT_FAIL_THRESHOLD`` failures in a row mark a server down: no generation goes there
+while another server is up (when none is, the down ones are still tried: a single server is never given
+up on). Every worker's picker probes the down servers' ``/health``, one probe per server and interval
+fleet-wide, and marks a server up again when it answers 200.
+"""
 
 from __future__ import annotations
 
-import itertools
+import logging
+import os
+import random
+import socket
 import threading
-from collections.abc import Iterator, Sequence
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Final
+
+import httpx
+import redis
+
+from budget import LedgerError
+from budget.servers import ServerLedger, ServerOutcome
+from workers.sglang.protocol import HEALTH_PATH
+
+log = logging.getLogger(__name__)
+
+#: Failures in a row that mark a server down.
+DEFAULT_FAIL_THRESHOLD: Final = 3
+#: A down server is probed (``GET /health``) this often, by one worker of the fleet; the probe's timeout.
+DEFAULT_PROBE_INTERVAL_S: Final = 5.0
+#: When every server is at its cap: the first wait before asking again, doubled up to the second. A slot
+#: given back in this process wakes one waiter at once; one given back elsewhere is seen at the next ask.
+WAIT_FIRST_S: Final = 0.02
+WAIT_MAX_S: Final = 0.25
+#: The picker's background thread renews slots every quarter lease, and looks for due probes at least this
+#: often.
+TICK_MAX_S: Final = 1.0
+#: A worker stops probing a server it has not picked among for this long (the config moved on).
+FORGET_AFTER_S: Final = 3600.0
+
+#: ``caps`` of ``use``: one cap for every server, or one per server URL (None or absent: no cap).
+Caps = Mapping[str, int | None] | int | None
+
+
+def caps_for(servers: Sequence[str], caps: Caps) -> list[int | None]:
+    """The cap of each of ``servers``."""
+    if caps is None or isinstance(caps, int):
+        return [caps] * len(servers)
+    return [caps.get(url) for url in servers]
 
 
 class ServerPicker:
-    def __init__(self) -> None:
-        self._inflight: dict[str, int] = {}
+    """One per worker process, shared by its threads."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        lease_ms: int,
+        *,
+        fail_threshold: int = DEFAULT_FAIL_THRESHOLD,
+        probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+    ) -> None:
+        self.board = ServerLedger(client)
+        self._lease_ms = lease_ms
+        self._fail_threshold = fail_threshold
+        self._probe_interval_ms = int(probe_interval_s * 1000)
+        self._holder = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
-        self._tiebreak = itertools.count()
+        self._held: dict[str, str] = {}  # slot token -> server
+        self._known: dict[str, float] = {}  # server -> when this process last picked among it (monotonic)
+        self._dirty: set[str] = set()  # down, or failing in a row, at the last pick
+        self._probing: set[str] = set()
+        self._local = threading.local()  # .pending: (server, ended_ms) of this thread's last generation
+        self._freed = threading.Condition()  # notified when this process gives a slot back
+        self._http = httpx.Client(timeout=probe_interval_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     @contextmanager
-    def use(self, servers: Sequence[str], avoid: str | None = None) -> Iterator[str]:
-        """Hold a slot on the least-loaded of ``servers`` (``avoid`` only when it is the only one)."""
-        candidates = [s for s in servers if s != avoid] or list(servers)
-        with self._lock:
-            turn = next(self._tiebreak)
-            n = len(candidates)
-            server = min(
-                (candidates[(turn + i) % n] for i in range(n)), key=lambda s: self._inflight.get(s, 0)
-            )
-            self._inflight[server] = self._inflight.get(server, 0) + 1
+    def use(
+        self,
+        servers: Sequence[str],
+        avoid: str | None = None,
+        failure: BaseException | None = None,
+        caps: Caps = None,
+    ) -> Iterator[str]:
+        """Hold a slot on the least-loaded of ``servers`` (below its cap; waits while all are at theirs).
+
+        ``avoid``: the server this sample's previous attempt failed on (with ``failure``), used only when
+        no other server is a candidate. ``caps``: see ``Caps``.
+        """
+        self._settle_previous(avoid, failure)
+        token = f"{self._holder}:{uuid.uuid4().hex[:16]}"
+        server = self._acquire(list(servers), caps_for(servers, caps), token, avoid)
+        answered = False
         try:
             yield server
+            answered = True  # an exception out of the block tells nothing about the server
         finally:
             with self._lock:
-                self._inflight[server] -= 1
+                self._held.pop(token, None)
+            try:
+                ended_ms = self.board.release(server, token)
+            except LedgerError as e:  # the slot expires on its own
+                log.warning("could not give back a slot on %s: %s", server, e)
+                ended_ms = 0
+            self._local.pending = (server, ended_ms) if answered else None
+            with self._freed:
+                self._freed.notify()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._http.close()
+
+    # --- picking --------------------------------------------------------------------------------
+
+    def _acquire(self, servers: list[str], caps: list[int | None], token: str, avoid: str | None) -> str:
+        self._start()
+        now = time.monotonic()
+        with self._lock:
+            self._known.update(dict.fromkeys(servers, now))
+        delay_s = WAIT_FIRST_S
+        while True:
+            got = self.board.acquire(
+                servers, caps, token, self._lease_ms, avoid=avoid, first=random.randrange(len(servers))
+            )
+            with self._lock:
+                self._dirty.difference_update(servers)
+                self._dirty.update(got.dirty)
+                if got.url is not None:
+                    self._held[token] = got.url
+            if got.url is not None:
+                return got.url
+            with self._freed:
+                self._freed.wait(random.uniform(delay_s / 2, delay_s))
+            delay_s = min(delay_s * 2, WAIT_MAX_S)
+
+    # --- health ---------------------------------------------------------------------------------
+
+    def _settle_previous(self, avoid: str | None, failure: BaseException | None) -> None:
+        """Report how this thread's previous generation went, now that its outcome is known."""
+        pending: tuple[str, int] | None = getattr(self._local, "pending", None)
+        self._local.pending = None
+        ended_ms = pending[1] if pending is not None and pending[0] == avoid else 0
+        if avoid is not None and failure is not None:
+            self._report(avoid, ServerOutcome.FAIL, ended_ms, str(failure))
+        elif pending is not None:
+            with self._lock:
+                # A success changes something only where failures were counted or the server is down.
+                worth_it = pending[0] in self._dirty
+            if worth_it:
+                self._report(pending[0], ServerOutcome.OK, pending[1])
+
+    def _report(self, server: str, outcome: ServerOutcome, at_ms: int = 0, message: str = "") -> None:
+        try:
+            health = self.board.report(
+                server,
+                outcome,
+                at_ms=at_ms,
+                fail_threshold=self._fail_threshold,
+                probe_interval_ms=self._probe_interval_ms,
+                message=message,
+            )
+        except LedgerError as e:
+            log.warning("could not report %s on %s: %s", outcome.value, server, e)
+            return
+        if health.changed and not health.up:
+            log.warning("server %s marked down after %d failures in a row: %s", server, health.fails, message)
+        elif health.changed:
+            log.warning("server %s is up again (%s)", server, outcome.value)
+
+    def _probe(self, server: str) -> None:
+        try:
+            try:
+                reply = self._http.get(server + HEALTH_PATH)
+                ok, message = reply.status_code == 200, f"GET {HEALTH_PATH}: HTTP {reply.status_code}"
+            except httpx.HTTPError as e:
+                ok, message = False, f"GET {HEALTH_PATH}: {type(e).__name__}: {e}"
+            self._report(server, ServerOutcome.PROBE_OK if ok else ServerOutcome.PROBE_FAIL, 0, message)
+        finally:
+            with self._lock:
+                self._probing.discard(server)
+
+    # --- the background thread ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="tokenfleet-server-slots", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        tick_s = min(self._lease_ms / 4000, TICK_MAX_S)
+        while not self._stop.wait(tick_s):
+            try:
+                self._renew()
+                self._start_probes()
+            except LedgerError as e:  # Redis away for a moment: try again next tick
+                log.warning("server slots: %s", e)
+            except Exception:  # never let the renewals die: the slots would expire under running work
+                log.exception("server slots: unexpected error")
+
+    def _renew(self) -> None:
+        with self._lock:
+            held = [(server, token) for token, server in self._held.items()]
+        renewed = self.board.renew(held, self._lease_ms)
+        with self._lock:
+            # A slot given back since the snapshot is not renewed, and not lost either.
+            lost = [
+                server
+                for (server, token), ok in zip(held, renewed, strict=True)
+                if not ok and token in self._held
+            ]
+        for server in lost:
+            log.warning("a slot on %s expired while its generation ran (not renewed for a lease)", server)
+
+    def _start_probes(self) -> None:
+        stale = time.monotonic() - FORGET_AFTER_S
+        with self._lock:
+            self._known = {url: t for url, t in self._known.items() if t > stale}
+            known = sorted(self._known)
+        if not known:
+            return
+        for server in self.board.probes_due(known, self._probe_interval_ms):
+            with self._lock:
+                if server in self._probing:
+                    continue
+                self._probing.add(server)
+            threading.Thread(target=self._probe, args=(server,), name="tokenfleet-probe", daemon=True).start()

@@ -74,7 +74,10 @@ def test_status_rates_and_eta_match_a_run_with_known_rates(
     assert ended == pytest.approx(predicted_end, abs=max(2.0, 0.35 * figures["eta_s"]))
     assert figures["projected_overshoot_tokens"] == figures["inflight"] * 8
     assert final.state == "exhausted"
-    after = next(d for d in status_json(fleet_redis_url, capsys, name)["datasets"] if d["name"] == name)
+    body = status_json(fleet_redis_url, capsys, name)
+    after = next(d for d in body["datasets"] if d["name"] == name)
+    server = next(s for s in body["servers"] if s["url"] == sim.url)
+    assert server["up"] and server["started"] >= final.samples and server["inflight"] == 0
     assert after["projected_overshoot_tokens"] == final.tokens - budget
     assert after["eta_s"] == 0
 

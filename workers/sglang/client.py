@@ -178,15 +178,24 @@ class SGLangClient:
         return data
 
     def server_info(self, server: str) -> dict[str, Any]:
-        return self.get_json(server, protocol.SERVER_INFO_PATH)
+        """``/server_info``, or the deprecated ``/get_server_info`` that sglang-router 0.3 answers instead."""
+        try:
+            return self.get_json(server, protocol.SERVER_INFO_PATH)
+        except RequestRejected as e:
+            if e.status != 404:
+                raise
+            return self.get_json(server, protocol.GET_SERVER_INFO_PATH)
 
-    def abort(self, server: str, rid: str, timeout_s: float = 5.0) -> None:
-        """Ask ``server`` to abort ``rid`` (a prefix match on the server: pass full rids)."""
+    def abort(self, server: str, rid: str, timeout_s: float = 5.0) -> bool:
+        """Ask ``server`` to abort ``rid`` (a prefix match on the server: pass full rids). Returns whether
+        the server took the request: sglang-router does not proxy ``/abort_request`` (404)."""
         # A failed abort is not an error: closing our stream aborts the request as well.
         with contextlib.suppress(httpx.HTTPError):
-            self._http.post(
+            r = self._http.post(
                 server + protocol.ABORT_PATH, content=orjson.dumps({"rid": rid}), timeout=timeout_s
             )
+            return r.status_code == 200
+        return False
 
     # --- generate -------------------------------------------------------------------------------
 
@@ -273,6 +282,7 @@ class SGLangClient:
                 self.abort(server, rid)
                 raise ServerUnavailable(f"{server}: no answer within the request timeout", server=server)
             if on_tokens is not None and new and not on_tokens(new):
-                self.abort(server, rid)
+                if not self.abort(server, rid):
+                    return True  # no abort endpoint (a router): closing the stream is what aborts it
                 stop_deadline = now + ABORT_GRACE_S
         return stop_deadline is not None

@@ -48,6 +48,8 @@ ABORT_PATH: Final = "/abort_request"
 HEALTH_PATH: Final = "/health"
 MODEL_INFO_PATH: Final = "/model_info"
 SERVER_INFO_PATH: Final = "/server_info"
+#: The deprecated spelling, still served by sglang and the only one sglang-router 0.3 answers.
+GET_SERVER_INFO_PATH: Final = "/get_server_info"
 
 #: Server-sent events framing of a streaming ``/generate``.
 SSE_DATA_PREFIX: Final = b"data: "

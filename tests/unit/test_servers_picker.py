@@ -1,0 +1,225 @@
+"""The worker's ServerPicker in one process, against real Redis; the fleet-wide claims (several worker
+processes, killed workers, servers that stop) are in ``tests/integration/test_servers.py``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from budget.servers import ServerLedger, ServerOutcome
+from tokenfleet.sim import SimConfig, SimServerThread
+from workers.servers import WAIT_MAX_S, ServerPicker, caps_for
+from workers.sglang.client import ServerUnavailable
+
+pytestmark = pytest.mark.integration
+
+A, B = "http://a:30000", "http://b:30000"
+LEASE_MS = 400
+PROBE_S = 0.2
+
+
+@pytest.fixture
+def make_picker(redis_client: redis.Redis) -> Iterator[Callable[[], ServerPicker]]:
+    made: list[ServerPicker] = []
+
+    def make() -> ServerPicker:
+        made.append(ServerPicker(redis_client, LEASE_MS, probe_interval_s=PROBE_S))
+        return made[-1]
+
+    yield make
+    for picker in made:
+        picker.close()
+
+
+def inflight(board: ServerLedger, *urls: str) -> list[int]:
+    return [s.inflight for s in board.status(list(urls))]
+
+
+def test_caps_are_one_for_every_server_or_one_per_server_url() -> None:
+    assert caps_for([A, B], None) == [None, None]
+    assert caps_for([A, B], 4) == [4, 4]
+    assert caps_for([A, B], {A: 2}) == [2, None]
+
+
+def test_use_holds_a_slot_while_the_block_runs_and_gives_it_back_after(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    picker = make_picker()
+
+    with picker.use([A, B]) as first, picker.use([A, B]) as second:
+        assert {first, second} == {A, B}
+        assert inflight(picker.board, A, B) == [1, 1]
+
+    assert inflight(picker.board, A, B) == [0, 0]
+    assert sum(s.requests_per_s for s in picker.board.status([A, B])) > 0
+
+
+def test_a_slot_is_given_back_when_the_block_raises(make_picker: Callable[[], ServerPicker]) -> None:
+    picker = make_picker()
+
+    with pytest.raises(RuntimeError), picker.use([A], caps=1):
+        raise RuntimeError("a bug in the block")
+
+    assert inflight(picker.board, A) == [0]
+
+
+def test_a_long_generation_keeps_its_slot_because_the_picker_renews_it(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    picker, other = make_picker(), make_picker()
+
+    with picker.use([A], caps=1):
+        time.sleep(3 * LEASE_MS / 1000)
+        with pytest.raises(TimeoutError):
+            with_timeout(other, [A], caps=1, timeout_s=0.5)
+
+
+def test_a_picker_that_stops_renewing_loses_its_slots_after_one_lease(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    dying, other = make_picker(), make_picker()
+    with dying.use([A], caps=1):
+        dying.close()  # like a killed worker: nobody renews the slot any more
+        started = time.monotonic()
+        with other.use([A], caps=1) as server:
+            waited_s = time.monotonic() - started
+
+    assert server == A
+    assert LEASE_MS / 1000 * 0.5 < waited_s < LEASE_MS / 1000 + 2 * WAIT_MAX_S
+
+
+def with_timeout(picker: ServerPicker, servers: list[str], caps: int, timeout_s: float) -> None:
+    """Enter and leave ``picker.use`` in a thread; TimeoutError when it did not get a slot in time."""
+    got = threading.Event()
+
+    def run() -> None:
+        with picker.use(servers, caps=caps):
+            got.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    if not got.wait(timeout_s):
+        raise TimeoutError
+
+
+def test_a_picker_waits_while_every_server_is_at_its_cap_without_spinning_redis(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    picker = make_picker()
+    original = picker.board.acquire
+    calls = 0
+
+    def counting_acquire(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    picker.board.acquire = counting_acquire  # type: ignore[method-assign,assignment]
+    holder = make_picker()
+    release = threading.Event()
+
+    def hold() -> None:
+        with holder.use([A, B], caps=1), holder.use([A, B], caps=1):
+            release.wait()
+
+    threading.Thread(target=hold, daemon=True).start()
+    time.sleep(0.1)
+    threading.Timer(1.0, release.set).start()
+    started = time.monotonic()
+
+    with picker.use([A, B], caps=1):
+        waited_s = time.monotonic() - started
+
+    assert 0.9 < waited_s < 1.0 + WAIT_MAX_S + 0.1
+    assert calls <= 15, f"{calls} picks in one second of waiting"
+
+
+def test_a_slot_given_back_in_the_same_process_wakes_a_waiting_thread_at_once(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    picker = make_picker()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with picker.use([A], caps=1):
+            holding.set()
+            release.wait()
+
+    threading.Thread(target=hold, daemon=True).start()
+    holding.wait()
+    threading.Timer(1.0, release.set).start()  # by then the waiter asks every WAIT_MAX_S at most
+    started = time.monotonic()
+
+    with picker.use([A], caps=1):
+        late_s = time.monotonic() - started - 1.0
+
+    assert late_s < 0.05, f"the waiter got the slot {late_s:.3f} s after it was given back"
+
+
+def test_failures_named_by_retries_mark_a_server_down_and_new_work_goes_to_the_others(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    picker = make_picker()
+    error = ServerUnavailable("HTTP 503: busy", server=B, status=503)
+
+    for _ in range(3):  # what the runner does: an attempt on B fails, its retry names B
+        with picker.use([B]):
+            pass
+        with picker.use([A, B], avoid=B, failure=error) as retried_on:
+            assert retried_on == A
+
+    status = {s.url: s for s in picker.board.status([A, B])}
+    assert not status[B].up and status[B].failures == 3 and status[B].last_error == "HTTP 503: busy"
+    assert status[A].up
+    for _ in range(5):
+        with picker.use([A, B]) as server:
+            assert server == A
+
+
+def test_a_success_between_failures_resets_the_streak(make_picker: Callable[[], ServerPicker]) -> None:
+    picker = make_picker()
+    error = ServerUnavailable("connection refused", server=B)
+    for _ in range(2):
+        with picker.use([B]):
+            pass
+        with picker.use([A, B], avoid=B, failure=error):
+            pass
+    with picker.use([B]):
+        pass  # answered: the thread's next generation names nobody
+    with picker.use([A]):
+        pass
+
+    assert picker.board.status([B])[0].fails_in_a_row == 0
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServerThread]:
+    with SimServerThread(SimConfig(port=0, step_time_s=0.002)) as server:
+        yield server
+
+
+def test_a_down_server_is_probed_and_marked_up_once_its_health_answers(
+    make_picker: Callable[[], ServerPicker], sim: SimServerThread
+) -> None:
+    picker = make_picker()
+    dead = "http://127.0.0.1:1"
+    for server in (sim.url, dead):
+        for _ in range(3):
+            picker.board.report(
+                server, ServerOutcome.FAIL, fail_threshold=3, probe_interval_ms=int(PROBE_S * 1000)
+            )
+    with picker.use([sim.url, dead]):
+        pass  # the picker learns of both servers
+
+    deadline = time.monotonic() + 5
+    while not picker.board.status([sim.url])[0].up:
+        assert time.monotonic() < deadline, "the healthy server was never marked up"
+        time.sleep(0.05)
+
+    status = {s.url: s for s in picker.board.status([sim.url, dead])}
+    assert status[sim.url].up and not status[dead].up
+    assert "/health" in status[dead].last_error

@@ -1,0 +1,223 @@
+"""A sample of several replies (``regenerate = "all"``): one ``/generate`` per reply, in order.
+
+The producer plans the conversation (`producer.chat.plan_conversation`) and tokenizes the first reply's
+prompt; each later prompt is the chat template rendered over the turns so far, with the replies generated
+before it as their text (decoded from their exact ids), so the server sees what the trainer will see when
+it templates the exported conversation.
+
+Every reply streams through the task's ``on_tokens``, so budgets, stops and truncation work as for one
+generation. A finished reply is kept: a retry (a 5xx, a dropped stream, a server-side abort) resumes at the
+reply that failed, and ``keep_turn`` tells the task that the tokens counted so far are no longer in the
+air. When a later reply's prompt no longer fits the server (a 4xx), the conversation ends with the replies
+it has; a 4xx on the first reply fails the sample as usual.
+
+The result is one `ConversationGeneration`: the last reply as a `Generation` (its ids, finish reason,
+prompt length), ``completion_tokens`` over every reply (what the ledger counted), and each reply's exact
+``output_ids`` in ``turns``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from producer.chat import ChatError, ChatTokenizer, count_replies, load_chat_tokenizer, prompt_messages
+from workers.rids import new_rid
+from workers.sglang.client import Generation, OnTokens, ProtocolError, RequestRejected, SGLangClient
+
+__all__ = ["Conversation", "ConversationError", "ConversationGeneration", "record_fields"]
+
+#: Generates one reply: the `SGLangClient.generate` signature.
+GenerateFn = Callable[..., Generation]
+
+
+class ConversationError(ProtocolError):
+    """This worker cannot continue the conversation (its tokenizer cannot be loaded): the sample fails."""
+
+
+@dataclass(slots=True)
+class ConversationGeneration(Generation):
+    """The last reply of a conversation, with every reply in ``turns``."""
+
+    #: One dict per generated reply: ``prompt_tokens``, ``output_ids``, ``content``, ``finish_reason``,
+    #: ``completion_tokens``, ``rid``, ``server``, ``in_context``.
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    #: The last reply's prompt: the whole conversation before it, as the server saw it.
+    prompt_ids: list[int] = field(default_factory=list)
+    #: Why the conversation ended before its last reply (a prompt the server refused), or None.
+    ended_early: str | None = None
+
+
+class Conversation:
+    """The replies of one sample, generated in order and kept across the task's retries."""
+
+    def __init__(self, sample: Mapping[str, Any], spec: Mapping[str, Any], dataset: str) -> None:
+        self.conversation: list[dict[str, Any]] = list(sample["conversation"])
+        self.replies = count_replies(self.conversation)
+        self.first_prompt: list[int] = list(sample["input_ids"])
+        self.tokenizer_name: str | None = spec.get("tokenizer")
+        self.dataset = dataset
+        #: Kept replies and their prompts.
+        self.generations: list[Generation] = []
+        self.prompts: list[list[int]] = []
+        self.contents: list[str] = []
+
+    @classmethod
+    def of(cls, sample: Mapping[str, Any], spec: Mapping[str, Any], dataset: str) -> Conversation | None:
+        """A conversation when the sample has more than one reply to generate; None otherwise (one reply is
+        one ordinary generation of the sample's ``input_ids``)."""
+        conversation = sample.get("conversation")
+        if not conversation or sample.get("input_ids") is None or count_replies(conversation) < 2:
+            return None
+        return cls(sample, spec, dataset)
+
+    @property
+    def kept_tokens(self) -> int:
+        return sum(g.completion_tokens for g in self.generations)
+
+    def generator(self, client: SGLangClient, keep_turn: Callable[[], None]) -> GenerateFn:
+        """A stand-in for ``client.generate`` that generates the replies not generated yet."""
+
+        def generate(
+            server: str,
+            *,
+            rid: str,
+            sampling_params: dict[str, Any],
+            timeout_s: float,
+            on_tokens: OnTokens,
+            **_prompt: Any,
+        ) -> Generation:
+            return self._generate(client, server, rid, sampling_params, timeout_s, on_tokens, keep_turn)
+
+        return generate
+
+    def _tokenizer(self) -> ChatTokenizer:
+        if not self.tokenizer_name:
+            raise ConversationError("a conversation of several replies needs the dataset's tokenizer")
+        try:
+            return load_chat_tokenizer(self.tokenizer_name)
+        except ChatError as e:
+            raise ConversationError(f"on this worker: {e}") from None
+
+    def _generate(
+        self,
+        client: SGLangClient,
+        server: str,
+        rid: str,
+        sampling_params: dict[str, Any],
+        timeout_s: float,
+        on_tokens: OnTokens,
+        keep_turn: Callable[[], None],
+    ) -> Generation:
+        chat = self._tokenizer()
+        while len(self.generations) < self.replies:
+            reply = len(self.generations)
+            if reply == 0:
+                prompt = self.first_prompt
+            else:
+                try:
+                    prompt = chat.prompt_ids(prompt_messages(self.conversation, reply, self.contents))
+                except ValueError as e:
+                    return self._result(chat, ended_early=f"reply {reply + 1}: {e}")
+            reported = 0
+
+            def counted(n: int) -> bool:
+                nonlocal reported
+                reported += n
+                return on_tokens(n)
+
+            try:
+                gen = client.generate(
+                    server,
+                    rid=rid,
+                    sampling_params=sampling_params,
+                    input_ids=prompt,
+                    timeout_s=timeout_s,
+                    on_tokens=counted,
+                )
+            except RequestRejected as e:
+                if reply == 0:
+                    raise
+                # The conversation grew past what the server takes: keep what it has.
+                return self._result(chat, ended_early=f"reply {reply + 1}: {e.message}")
+            rid = new_rid(self.dataset)
+            if gen.stopped_by_us or gen.aborted:
+                # Cut by us (budget, revoke, lost lease) or by the server: the task decides; the partial
+                # reply is in the result but not kept, so a retry generates it again.
+                return self._result(chat, partial=(prompt, gen))
+            self.generations.append(gen)
+            self.prompts.append(prompt)
+            self.contents.append(chat.reply_text(gen.output_ids, gen.finish_reason))
+            # The client does not report a stream's last chunk (the commit counts it); before the next
+            # reply, the ledger must have every token of this one, and may say the budget is reached.
+            unreported = gen.completion_tokens - reported
+            if reply + 1 < self.replies and unreported > 0 and not on_tokens(unreported):
+                return self._result(chat)
+            keep_turn()
+        return self._result(chat)
+
+    def _result(
+        self,
+        chat: ChatTokenizer,
+        partial: tuple[list[int], Generation] | None = None,
+        ended_early: str | None = None,
+    ) -> ConversationGeneration:
+        gens, prompts, contents = list(self.generations), list(self.prompts), list(self.contents)
+        if partial is not None:
+            prompts.append(partial[0])
+            gens.append(partial[1])
+            contents.append(chat.reply_text(partial[1].output_ids, partial[1].finish_reason))
+        last, last_prompt = gens[-1], prompts[-1]
+        turns = [
+            {
+                "prompt_tokens": len(prompt),
+                "output_ids": g.output_ids,
+                "content": content,
+                "finish_reason": g.finish_reason,
+                "completion_tokens": g.completion_tokens,
+                "rid": g.rid,
+                "server": g.server,
+                "in_context": _in_context(prompts, gens, i),
+            }
+            for i, (prompt, g, content) in enumerate(zip(prompts, gens, contents, strict=True))
+        ]
+        return ConversationGeneration(
+            rid=last.rid,
+            server=last.server,
+            output_ids=last.output_ids,
+            text=last.text,
+            finish_reason=last.finish_reason,
+            prompt_tokens=len(last_prompt),
+            completion_tokens=sum(g.completion_tokens for g in gens),
+            meta_info=last.meta_info,
+            stopped_by_us=last.stopped_by_us,
+            turns=turns,
+            prompt_ids=last_prompt,
+            ended_early=ended_early,
+        )
+
+
+def _in_context(prompts: list[list[int]], gens: list[Generation], i: int) -> bool:
+    """Whether reply ``i``'s exact ids stand at its place in the last prompt + output: every later prompt
+    starts with the one before it and that reply's ids. False where the template re-tokenized a reply
+    differently or rewrote the history (some templates drop earlier reasoning)."""
+    for j in range(i, len(prompts) - 1):
+        head = prompts[j] + gens[j].output_ids
+        if prompts[j + 1][: len(head)] != head:
+            return False
+    return True
+
+
+def record_fields(sample: Mapping[str, Any], gen: Generation) -> dict[str, Any]:
+    """What a record adds for a chat sample: its ``conversation`` and, for several replies, the last
+    prompt as ``input_ids`` and each reply in ``turns``."""
+    fields: dict[str, Any] = {}
+    if sample.get("conversation") is not None:
+        fields["conversation"] = sample["conversation"]
+    if isinstance(gen, ConversationGeneration):
+        fields["input_ids"] = gen.prompt_ids
+        fields["turns"] = gen.turns
+        if gen.ended_early:
+            fields["ended_early"] = gen.ended_early
+    return fields
