@@ -27,13 +27,15 @@ import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 
 __all__ = [
     "DATASETS_SUFFIXES",
+    "MAX_LINE_BYTES",
     "ROWS_PER_BATCH",
+    "OversizedLine",
     "Row",
     "SourceError",
     "check_source",
@@ -54,7 +56,17 @@ _SAVED_DATASET_FILES: Final = ("state.json", "dataset_dict.json")
 DEFAULT_SPLIT: Final = "train"
 
 #: One row of a source: its 1-based line (or row) number and either the raw line or the decoded row.
-Row = tuple[int, bytes | dict[str, Any]]
+#: A source line is not read past this many bytes: a longer one is rejected, not loaded into memory.
+MAX_LINE_BYTES: Final = 16 * 2**20
+
+
+class OversizedLine(NamedTuple):
+    """A line longer than ``MAX_LINE_BYTES``: skipped unread (its size is all that is known)."""
+
+    size: int
+
+
+Row = tuple[int, bytes | dict[str, Any] | OversizedLine]
 
 
 class SourceError(Exception):
@@ -152,14 +164,22 @@ def _jsonl_rows(path: Path, f: io.BufferedIOBase, start_line: int) -> Iterator[R
         line_no = 0
         while True:
             try:
-                raw = f.readline()
+                raw = f.readline(MAX_LINE_BYTES + 1)
+                oversized = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
+                size = len(raw)
+                while oversized and raw and not raw.endswith(b"\n"):  # skip the rest, a chunk at a time
+                    raw = f.readline(1 << 20)
+                    size += len(raw)
             except (OSError, EOFError, zlib.error) as exc:
                 reason = _os_reason(exc) if isinstance(exc, OSError) else str(exc) or type(exc).__name__
                 raise SourceError(path, f"read failed at line {line_no + 1}: {reason}") from None
-            if not raw:
+            if not raw and not oversized:
                 return
             line_no += 1
             if line_no < start_line:
+                continue
+            if oversized:
+                yield line_no, OversizedLine(size)
                 continue
             if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]

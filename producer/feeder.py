@@ -10,6 +10,7 @@ quiet the feeder reads the source again to feed them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections import deque
@@ -20,7 +21,7 @@ from typing import Final
 
 import orjson
 
-from budget import DatasetSnapshot, Ledger, LedgerError
+from budget import DatasetSnapshot, Ledger, LedgerError, LedgerUnavailable
 from budget.ledger import (
     ENQUEUE_BUDGET_IN_FLIGHT,
     ENQUEUE_NOT_ACTIVE,
@@ -70,6 +71,7 @@ class DatasetFeed:
     #: How records become samples (format, tokenizer, context length); None: the plain line format.
     reader: RecordReader | None = None
     buffer: deque[Sample] = field(default_factory=deque)
+    _ids: set[int] = field(default_factory=set)
     _lines: Iterator[Sample | Rejected] | None = None
 
     def start_pass(self) -> None:
@@ -91,15 +93,28 @@ class DatasetFeed:
             item = next(self._lines, None)
             if item is None:
                 self._lines = None
+                self._ids = set()  # only the first pass checks ids: free them
                 break
             if isinstance(item, Rejected):
                 if self.passes == 1:
                     self._reject(item)
                 continue
             if self.passes == 1:
+                if self._seen_before(item.sample_id):
+                    reason = f'duplicate id "{item.sample_id}": an earlier line has the same id'
+                    self._reject(Rejected(item.line_no, reason, ""))
+                    continue
                 self.total += 1
             out.append(item)
         return out
+
+    def _seen_before(self, sample_id: str) -> bool:
+        """Whether an earlier line of this pass had ``sample_id`` (8-byte digests: ~50 bytes a sample)."""
+        digest = int.from_bytes(hashlib.blake2b(sample_id.encode(), digest_size=8).digest(), "little")
+        if digest in self._ids:
+            return True
+        self._ids.add(digest)
+        return False
 
     def put_back(self, samples: Sequence[Sample]) -> None:
         self.buffer.extendleft(reversed(samples))
@@ -227,7 +242,7 @@ class Feeder:
                     last_tick = now
                 if done:
                     return self.snapshots()
-            except (LedgerError, PublishError) as e:
+            except (LedgerUnavailable, PublishError) as e:
                 log.warning("feeding paused: %s; trying again in %.0f s", e, OUTAGE_RETRY_S)
                 time.sleep(OUTAGE_RETRY_S)
                 continue

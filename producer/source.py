@@ -24,7 +24,7 @@ import orjson
 
 from producer.chat import REPLY, ChatTokenizer, count_replies, load_chat_tokenizer, plan_conversation
 from producer.chat import prompt_messages as _prompt_messages
-from producer.containers import SourceError, check_source, open_rows
+from producer.containers import MAX_LINE_BYTES, OversizedLine, SourceError, check_source, open_rows
 from producer.formats import (
     PLAIN,
     REASON_BAD_INPUT_IDS,
@@ -179,8 +179,13 @@ class RecordReader:
             load_chat_tokenizer(self.options.tokenizer) if self.options.tokenizer else None
         )
 
-    def read(self, data: bytes | dict[str, Any], line_no: int) -> Sample | Rejected:
+    def read(self, data: bytes | dict[str, Any] | OversizedLine, line_no: int) -> Sample | Rejected:
         """One row (a raw JSON line, or a decoded row) as a `Sample` or a `Rejected`."""
+        if isinstance(data, OversizedLine):
+            reason = (
+                f"line is {data.size:,} bytes, longer than the {MAX_LINE_BYTES // 2**20} MiB a line may be"
+            )
+            return Rejected(line_no=line_no, reason=reason, raw="")
         if isinstance(data, bytes):
             parsed = _parse_json(data, line_no)
             if isinstance(parsed, Rejected):
@@ -258,6 +263,8 @@ def first_record(path: Path, fmt: str, id_field: str = "id") -> tuple[int, str] 
     """The line number and shape (``messages``, ``text``, ...) of the source's first readable record, or
     None when it has none. Reads only as far as that record."""
     for line_no, data in open_rows(path):
+        if isinstance(data, OversizedLine):
+            continue
         obj = data if isinstance(data, dict) else _parse_json(data, line_no)
         if isinstance(obj, dict):
             record = read_record(obj, fmt, id_field)
