@@ -31,6 +31,11 @@ class TaskPublisher:
                     kwargs={"dataset": dataset, "sample_id": sample_id, "sample": payload},
                     queue=QUEUE_NAME,
                     producer=producer,
+                    # What Flower shows and searches (it parses this repr as a dict): the dataset and the
+                    # sample, not the prompt. Celery's own repr of the kwargs cuts a long prompt at 1,024
+                    # characters, which Flower can no longer parse, and costs a saferepr per task.
+                    argsrepr="()",
+                    kwargsrepr=repr({"dataset": dataset, "sample_id": sample_id}),
                     stamped_headers=[DATASET_STAMP],
                     headers={SAMPLE_ID_HEADER: sample_id},
                     **{DATASET_STAMP: dataset},
