@@ -139,7 +139,7 @@ def _bar(value: int, limit: int | None) -> RenderableType:
     if limit is None:
         return Text(f"{value:,}")
     return Group(
-        ProgressBar(total=limit, completed=min(value, limit), width=22), Text(f"{value:,} / {limit:,}")
+        ProgressBar(total=limit, completed=min(value, limit), width=16), Text(f"{value:,} / {limit:,}")
     )
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +25,7 @@ import redis
 
 from budget import Ledger
 from tests.conftest import IN_CI
+from tokenfleet.cli import main
 from tokenfleet.local import start_worker, stop_process, wait_for_workers
 from tokenfleet.sim import SimConfig, SimServerThread
 
@@ -29,6 +33,8 @@ FLEET_REDIS_URL = os.environ.get("TOKENFLEET_TEST_FLEET_REDIS_URL", "redis://127
 #: Short leases so a killed worker's samples come back within seconds in tests.
 WORKER_ENV = {"TOKENFLEET_LEASE_S": "3", "TOKENFLEET_VISIBILITY_TIMEOUT_S": "60"}
 WORKER_PROCESSES = 2
+#: How long a test waits for the fleet to reach a state.
+WAIT_S = 60
 WORKER_CONCURRENCY = 8
 
 
@@ -172,6 +178,38 @@ def write_config(
     path = folder / "tokenfleet.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class BackgroundSubmit:
+    """``tokenfleet submit`` running in a thread, as an operator's terminal would."""
+
+    def __init__(self, config: Path, *extra: str) -> None:
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._run, args=(config, extra), daemon=True)
+        self.thread.start()
+
+    def _run(self, config: Path, extra: tuple[str, ...]) -> None:
+        self.code = main(["submit", str(config), "--no-server-check", *extra])
+
+    def wait(self, timeout_s: float = WAIT_S) -> int:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "submit did not settle"
+        assert self.code is not None
+        return self.code
+
+
+def submit_process(config: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``tokenfleet submit CONFIG --no-server-check EXTRA`` in a process of its own (to be killed)."""
+    argv = [sys.executable, "-m", "tokenfleet.cli", "submit", str(config), "--no-server-check", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import redis
 
 from budget import DatasetLimits, Ledger
 from producer.source import Sample
-from tests.integration.conftest import Sim, unique, write_config
+from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
 from tests.integration.test_fleet_run import export, token_rows
 from tokenfleet import control
 from tokenfleet.cli import main
@@ -25,34 +25,6 @@ from workers.rids import dataset_tag
 from workers.settings import QUEUE_NAME
 
 pytestmark = pytest.mark.integration
-
-WAIT_S = 60
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-class BackgroundSubmit:
-    """``tokenfleet submit`` running in a thread, as an operator's terminal would."""
-
-    def __init__(self, config: Path, *extra: str) -> None:
-        self.code: int | None = None
-        self.thread = threading.Thread(target=self._run, args=(config, extra), daemon=True)
-        self.thread.start()
-
-    def _run(self, config: Path, extra: tuple[str, ...]) -> None:
-        self.code = main(["submit", str(config), "--no-server-check", *extra])
-
-    def wait(self, timeout_s: float = WAIT_S) -> int:
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "submit did not settle"
-        assert self.code is not None
-        return self.code
 
 
 def generated_for(sim: Sim, dataset: str) -> int:

@@ -14,8 +14,16 @@ from rich.console import Console
 
 from budget import DatasetLimits, Ledger
 from producer.source import Sample
-from tests.integration.conftest import PrivateFleet, Sim, read_jsonl, unique, write_config
-from tests.integration.test_budget_control import BackgroundSubmit, wait_until
+from tests.integration.conftest import (
+    BackgroundSubmit,
+    PrivateFleet,
+    Sim,
+    read_jsonl,
+    submit_process,
+    unique,
+    wait_until,
+    write_config,
+)
 from tests.integration.test_fleet_run import export, text_rows, token_rows
 from tokenfleet.cli import main
 from tokenfleet.config import load_config
@@ -67,9 +75,6 @@ def test_a_worker_killed_mid_generation_has_its_samples_generated_again_and_comm
 def test_a_killed_submit_rerun_settles_with_no_lease_or_queue_left_behind(
     workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
-
     sim = sim_factory(step_time_s=0.01, output_len_mean=40.0)
     name = unique("killed_submit")
     config = write_config(
@@ -79,20 +84,7 @@ def test_a_killed_submit_rerun_settles_with_no_lease_or_queue_left_behind(
         datasets=[{"name": name, "rows": text_rows(100)}],
     )
     for _ in range(2):  # killed twice at different points
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tokenfleet.cli",
-                "submit",
-                str(config),
-                "--no-server-check",
-                "--window",
-                "8",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = submit_process(config, "--window", "8")
         time.sleep(1.5)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +11,7 @@ from typing import Any
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import Sim, read_jsonl, unique, write_config
+from tests.integration.conftest import Sim, read_jsonl, submit_process, unique, write_config
 from tokenfleet.cli import main
 from tokenfleet.export import export_dataset
 
@@ -147,21 +144,7 @@ def test_resuming_after_an_interrupted_submit_generates_no_done_sample_again(
         servers=[sim.url],
         datasets=[{"name": name, "rows": text_rows(n)}],
     )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tokenfleet.cli",
-            "submit",
-            str(config),
-            "--no-server-check",
-            "--window",
-            "16",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=dict(os.environ),
-    )
+    proc = submit_process(config, "--window", "16")
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while fleet_ledger.datasets().count(name) == 0 or fleet_ledger.snapshot(name).samples < 20:
         assert time.monotonic() < deadline and proc.poll() is None

@@ -16,7 +16,6 @@ import redis
 
 from budget import (
     Admission,
-    CommitOutcome,
     DatasetLimits,
     DatasetSnapshot,
     DatasetState,
@@ -25,30 +24,9 @@ from budget import (
     UnknownDataset,
 )
 from budget.keys import DATASETS_SET, dataset_keys
+from tests.integration.ledger_helpers import DS, SPEC, commit_new, make
 
 pytestmark = pytest.mark.integration
-
-DS = "ds"
-SPEC: dict[str, Any] = {"servers": ["http://gen:30000"], "sampling": {"temperature": 0.7}}
-
-
-def make(
-    ledger: Ledger,
-    name: str = DS,
-    *,
-    token_budget: int | None = None,
-    max_samples: int | None = None,
-    on_budget: str = "truncate",
-    spec: dict[str, Any] | None = None,
-) -> str:
-    return ledger.register(name, DatasetLimits(token_budget, max_samples, on_budget), spec or SPEC)
-
-
-def commit_new(ledger: Ledger, sid: str, tokens: int, name: str = DS) -> None:
-    """Admit ``sid`` with a fresh attempt and commit ``tokens`` for it."""
-    attempt = f"{sid}-a1"
-    assert ledger.admit(name, sid, attempt).admission is Admission.OK
-    assert ledger.commit(name, sid, attempt, tokens) is CommitOutcome.COMMITTED
 
 
 # --- register ---------------------------------------------------------------------------------------

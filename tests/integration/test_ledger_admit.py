@@ -10,48 +10,21 @@ import time
 import pytest
 import redis
 
-from budget import Admission, CommitOutcome, DatasetLimits, DatasetState, Ledger, Progress
+from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
+from tests.integration.ledger_helpers import (
+    DS,
+    EXPIRE_S,
+    SHORT_MS,
+    SPEC,
+    commit_new,
+    lease,
+    make,
+    owner,
+    pending,
+    progress,
+)
 
 pytestmark = pytest.mark.integration
-
-DS = "ds"
-SPEC = {"servers": ["http://gen:30000"], "max_new_tokens": 64}
-SHORT_MS = 50
-EXPIRE_S = 0.1
-
-
-def make(
-    ledger: Ledger,
-    *,
-    token_budget: int | None = None,
-    max_samples: int | None = None,
-    on_budget: str = "truncate",
-) -> str:
-    return ledger.register(DS, DatasetLimits(token_budget, max_samples, on_budget), SPEC)
-
-
-def lease(ledger: Ledger, sid: str, attempt: str = "a1", lease_ms: int = 60_000) -> None:
-    result = ledger.admit(DS, sid, attempt, lease_ms=lease_ms)
-    assert result.admission is Admission.OK, result
-
-
-def commit_new(ledger: Ledger, sid: str, tokens: int, truncated: bool = False) -> None:
-    lease(ledger, sid, f"{sid}-a1")
-    assert ledger.commit(DS, sid, f"{sid}-a1", tokens, truncated) is CommitOutcome.COMMITTED
-
-
-def progress(ledger: Ledger, sid: str, attempt: str, n: int, lease_ms: int = 60_000) -> Progress:
-    """Report ``n`` new tokens; the action only (the state it returns is tested on its own)."""
-    action, _state = ledger.progress(DS, sid, attempt, n, lease_ms=lease_ms)
-    return action
-
-
-def pending(redis_client: redis.Redis, ledger: Ledger) -> dict[str, str]:
-    return dict(redis_client.hgetall(ledger.keys_of(DS).pending_hash))
-
-
-def owner(redis_client: redis.Redis, ledger: Ledger, sid: str) -> str | None:
-    return redis_client.hget(ledger.keys_of(DS).lease_owner_hash, sid)
 
 
 # --- admit ------------------------------------------------------------------------------------------
@@ -68,7 +41,7 @@ def test_admit_takes_the_sample_out_of_the_queue_and_gives_the_spec_and_a_lease(
     assert result.admission is Admission.OK
     assert result.state == DatasetState.ACTIVE
     assert result.spec == SPEC
-    assert owner(redis_client, ledger, "s1") == "a1"
+    assert owner(redis_client, "s1") == "a1"
     snap = ledger.snapshot(DS)
     assert (snap.queued, snap.inflight, snap.pending, snap.live_tokens) == (0, 1, 0, 0)
 
@@ -92,8 +65,8 @@ def test_admit_drops_the_sample_into_pending_when_the_dataset_is_paused_or_revok
 
     assert result.admission is verdict
     assert result.spec is None
-    assert pending(redis_client, ledger) == {"s1": verdict.value}
-    assert owner(redis_client, ledger, "s1") is None
+    assert pending(redis_client) == {"s1": verdict.value}
+    assert owner(redis_client, "s1") is None
     snap = ledger.snapshot(DS)
     assert (snap.queued, snap.inflight, snap.pending) == (0, 0, 1)
 
@@ -107,7 +80,7 @@ def test_admit_drops_the_sample_into_pending_when_the_dataset_is_exhausted(
     result = ledger.admit(DS, "s1", "a1")
 
     assert (result.admission, result.state) == (Admission.EXHAUSTED, DatasetState.EXHAUSTED)
-    assert pending(redis_client, ledger) == {"s1": "exhausted"}
+    assert pending(redis_client) == {"s1": "exhausted"}
 
 
 def test_admit_says_limit_when_live_tokens_take_the_rest_of_the_budget(
@@ -123,7 +96,7 @@ def test_admit_says_limit_when_live_tokens_take_the_rest_of_the_budget(
     result = ledger.admit(DS, "s3", "a1")
 
     assert (result.admission, result.state) == (Admission.LIMIT, DatasetState.ACTIVE)
-    assert pending(redis_client, ledger) == {"s3": "limit"}
+    assert pending(redis_client) == {"s3": "limit"}
 
 
 def test_admit_says_limit_when_running_generations_are_expected_to_fill_the_budget(
@@ -142,7 +115,7 @@ def test_admit_says_limit_when_running_generations_are_expected_to_fill_the_budg
 
     assert result.admission is Admission.LIMIT
     assert ledger.snapshot(DS).tokens + ledger.snapshot(DS).live_tokens < 100
-    assert pending(redis_client, ledger) == {"s4": "limit"}
+    assert pending(redis_client) == {"s4": "limit"}
 
 
 def test_admit_says_limit_when_committed_plus_in_flight_samples_reach_max_samples(
@@ -154,7 +127,7 @@ def test_admit_says_limit_when_committed_plus_in_flight_samples_reach_max_sample
     lease(ledger, "s3")
 
     assert ledger.admit(DS, "s4", "a1").admission is Admission.LIMIT
-    assert pending(redis_client, ledger) == {"s4": "limit"}
+    assert pending(redis_client) == {"s4": "limit"}
 
     ledger.fail(DS, "s3", "a1", "server error")  # one slot comes free
     lease(ledger, "s4")
@@ -193,8 +166,8 @@ def test_admit_of_a_committed_sample_says_done_and_leaves_no_trace(
     result = ledger.admit(DS, "s1", "a2")
 
     assert result.admission is Admission.DONE
-    assert pending(redis_client, ledger) == {}
-    assert owner(redis_client, ledger, "s1") is None
+    assert pending(redis_client) == {}
+    assert owner(redis_client, "s1") is None
     assert ledger.done_attempts(DS) == {"s1": "s1-a1"}
 
 
@@ -208,8 +181,8 @@ def test_admit_of_a_second_delivery_says_leased_and_keeps_the_first_lease(
 
     assert result.admission is Admission.LEASED
     assert result.spec is None
-    assert owner(redis_client, ledger, "s1") == "a1"
-    assert pending(redis_client, ledger) == {}
+    assert owner(redis_client, "s1") == "a1"
+    assert pending(redis_client) == {}
     assert ledger.snapshot(DS).inflight == 1
 
 
@@ -223,7 +196,7 @@ def test_admit_reclaims_expired_leases_before_deciding(ledger: Ledger, redis_cli
     # the dead worker's slot is taken back, so s2 fits under max_samples now
     lease(ledger, "s2", "a")
 
-    assert pending(redis_client, ledger)["s1"] == "lease_expired"
+    assert pending(redis_client)["s1"] == "lease_expired"
     snap = ledger.snapshot(DS)
     assert (snap.reclaimed, snap.wasted_tokens, snap.live_tokens, snap.inflight) == (1, 7, 0, 1)
 
@@ -236,7 +209,7 @@ def test_admit_of_a_pending_sample_takes_it_out_of_pending(ledger: Ledger, redis
 
     lease(ledger, "s1", "a2")  # a second delivery of the same task, now that the dataset runs again
 
-    assert pending(redis_client, ledger) == {}
+    assert pending(redis_client) == {}
     snap = ledger.snapshot(DS)
     assert (snap.pending, snap.inflight) == (0, 1)
 
@@ -250,7 +223,7 @@ def test_a_redelivered_sample_whose_lease_expired_is_admitted_for_the_new_attemp
 
     lease(ledger, "s1", "a2")
 
-    assert owner(redis_client, ledger, "s1") == "a2"
+    assert owner(redis_client, "s1") == "a2"
     assert ledger.snapshot(DS).reclaimed == 1
 
 

@@ -15,20 +15,28 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from budget import Admission, CommitOutcome, DatasetLimits, DatasetState, Ledger, Progress
-from budget.keys import WORKERS_HASH, DatasetKeys, dataset_keys
+from budget import Admission, CommitOutcome, DatasetState, Ledger
+from budget.keys import WORKERS_HASH
 from budget.ledger import RATE_WINDOW_S, WORKER_SEEN_WITHIN_S
 from producer.source import Sample
+from tests.integration.ledger_helpers import (
+    DS,
+    EXPIRE_S,
+    SHORT_MS,
+    commit_new,
+    keys,
+    lease,
+    make,
+    pending,
+    progress,
+    queued,
+)
 from tokenfleet.publish import TaskPublisher
 from workers.settings import QUEUE_NAME
 
 pytestmark = pytest.mark.integration
 
-DS = "ds"
 OTHER = "ds2"  # a name DS is a prefix of: matching must be exact
-SPEC = {"servers": ["http://gen:30000"], "max_new_tokens": 64}
-SHORT_MS = 50
-EXPIRE_S = 0.1
 OLD_MS = 300_000  # how far back "old" queued entries are dated
 
 Publish = Callable[[str, list[str]], None]
@@ -47,44 +55,6 @@ def publish(redis_url: str, redis_client: redis.Redis) -> Iterator[Publish]:
 
     yield send
     app.close()
-
-
-def make(
-    ledger: Ledger,
-    name: str = DS,
-    *,
-    token_budget: int | None = None,
-    max_samples: int | None = None,
-    on_budget: str = "truncate",
-) -> str:
-    return ledger.register(name, DatasetLimits(token_budget, max_samples, on_budget), SPEC)
-
-
-def lease(ledger: Ledger, sid: str, attempt: str = "a1", lease_ms: int = 60_000) -> None:
-    result = ledger.admit(DS, sid, attempt, lease_ms=lease_ms)
-    assert result.admission is Admission.OK, result
-
-
-def commit_new(ledger: Ledger, sid: str, tokens: int) -> None:
-    lease(ledger, sid, f"{sid}-a1")
-    assert ledger.commit(DS, sid, f"{sid}-a1", tokens) is CommitOutcome.COMMITTED
-
-
-def progress(ledger: Ledger, sid: str, attempt: str, n: int, lease_ms: int = 60_000) -> Progress:
-    action, _state = ledger.progress(DS, sid, attempt, n, lease_ms=lease_ms)
-    return action
-
-
-def keys(name: str = DS) -> DatasetKeys:
-    return dataset_keys(name)
-
-
-def pending(redis_client: redis.Redis, name: str = DS) -> dict[str, str]:
-    return dict(redis_client.hgetall(keys(name).pending_hash))
-
-
-def queued(redis_client: redis.Redis, name: str = DS) -> set[str]:
-    return set(redis_client.zrange(keys(name).queued_zset, 0, -1))
 
 
 def server_ms(redis_client: redis.Redis) -> int:

@@ -10,48 +10,20 @@ import time
 import pytest
 import redis
 
-from budget import Admission, CommitOutcome, DatasetLimits, DatasetState, Ledger, Progress
+from budget import CommitOutcome, DatasetState, Ledger, Progress
+from tests.integration.ledger_helpers import (
+    DS,
+    EXPIRE_S,
+    SHORT_MS,
+    commit_new,
+    lease,
+    make,
+    owner,
+    pending,
+    progress,
+)
 
 pytestmark = pytest.mark.integration
-
-DS = "ds"
-SPEC = {"servers": ["http://gen:30000"], "max_new_tokens": 64}
-SHORT_MS = 50
-EXPIRE_S = 0.1
-
-
-def make(
-    ledger: Ledger,
-    *,
-    token_budget: int | None = None,
-    max_samples: int | None = None,
-    on_budget: str = "truncate",
-) -> str:
-    return ledger.register(DS, DatasetLimits(token_budget, max_samples, on_budget), SPEC)
-
-
-def lease(ledger: Ledger, sid: str, attempt: str = "a1", lease_ms: int = 60_000) -> None:
-    result = ledger.admit(DS, sid, attempt, lease_ms=lease_ms)
-    assert result.admission is Admission.OK, result
-
-
-def commit_new(ledger: Ledger, sid: str, tokens: int, truncated: bool = False) -> None:
-    lease(ledger, sid, f"{sid}-a1")
-    assert ledger.commit(DS, sid, f"{sid}-a1", tokens, truncated) is CommitOutcome.COMMITTED
-
-
-def progress(ledger: Ledger, sid: str, attempt: str, n: int, lease_ms: int = 60_000) -> Progress:
-    """Report ``n`` new tokens; the action only (the state it returns is tested on its own)."""
-    action, _state = ledger.progress(DS, sid, attempt, n, lease_ms=lease_ms)
-    return action
-
-
-def pending(redis_client: redis.Redis, ledger: Ledger) -> dict[str, str]:
-    return dict(redis_client.hgetall(ledger.keys_of(DS).pending_hash))
-
-
-def owner(redis_client: redis.Redis, ledger: Ledger, sid: str) -> str | None:
-    return redis_client.hget(ledger.keys_of(DS).lease_owner_hash, sid)
 
 
 # --- commit -----------------------------------------------------------------------------------------
@@ -71,7 +43,7 @@ def test_commit_counts_the_tokens_records_the_attempt_and_drops_the_lease(
     assert snap.wasted_tokens == 0
     assert ledger.done_attempts(DS) == {"s1": "a1"}
     assert ledger.is_done(DS, ["s1", "s2"]) == [True, False]
-    assert owner(redis_client, ledger, "s1") is None
+    assert owner(redis_client, "s1") is None
     assert redis_client.hget(ledger.keys_of(DS).live_hash, "s1") is None
 
 
@@ -165,7 +137,7 @@ def test_commit_past_max_samples_is_over_limit_and_not_counted(
     assert (snap.state, snap.tokens, snap.samples) == (DatasetState.EXHAUSTED, 5, 1)
     assert (snap.wasted_tokens, snap.live_tokens, snap.inflight) == (11, 0, 0)
     assert ledger.done_attempts(DS) == {"s1": "a1"}
-    assert owner(redis_client, ledger, "s2") is None
+    assert owner(redis_client, "s2") is None
 
 
 def test_commit_clears_the_sample_from_pending(ledger: Ledger, redis_client: redis.Redis) -> None:
@@ -173,12 +145,12 @@ def test_commit_clears_the_sample_from_pending(ledger: Ledger, redis_client: red
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
     time.sleep(EXPIRE_S)
     assert ledger.reclaim(DS) == 1
-    assert pending(redis_client, ledger) == {"s1": "lease_expired"}
+    assert pending(redis_client) == {"s1": "lease_expired"}
 
     # the slow worker finishes anyway: its record counts, and the sample is no longer to be fed again
     assert ledger.commit(DS, "s1", "a1", 3) is CommitOutcome.COMMITTED
 
-    assert pending(redis_client, ledger) == {}
+    assert pending(redis_client) == {}
     assert ledger.snapshot(DS).samples == 1
 
 
@@ -197,18 +169,18 @@ def test_fail_records_the_reason_counts_failed_and_drops_the_lease(
     assert ledger.failures(DS) == {"s1": "prompt too long"}
     snap = ledger.snapshot(DS)
     assert (snap.failed, snap.samples, snap.live_tokens, snap.wasted_tokens, snap.inflight) == (1, 0, 0, 8, 0)
-    assert owner(redis_client, ledger, "s1") is None
+    assert owner(redis_client, "s1") is None
 
 
 def test_fail_clears_the_sample_from_pending(ledger: Ledger, redis_client: redis.Redis) -> None:
     make(ledger)
     ledger.pause(DS)
     ledger.admit(DS, "s1", "a1")
-    assert pending(redis_client, ledger) == {"s1": "paused"}
+    assert pending(redis_client) == {"s1": "paused"}
 
     assert ledger.fail(DS, "s1", "a1", "retries exhausted") == "failed"
 
-    assert pending(redis_client, ledger) == {}
+    assert pending(redis_client) == {}
     assert ledger.snapshot(DS).failed == 1
 
 
@@ -235,10 +207,10 @@ def test_release_makes_the_sample_pending_with_the_reason_and_counts_wasted_toke
 
     assert ledger.release(DS, "s1", "a1", "worker shutdown", thrown_away_tokens=40) == DatasetState.ACTIVE
 
-    assert pending(redis_client, ledger) == {"s1": "worker shutdown"}
+    assert pending(redis_client) == {"s1": "worker shutdown"}
     snap = ledger.snapshot(DS)
     assert (snap.live_tokens, snap.wasted_tokens, snap.discarded_tokens, snap.inflight) == (0, 40, 0, 0)
-    assert owner(redis_client, ledger, "s1") is None
+    assert owner(redis_client, "s1") is None
     assert ledger.enqueue(DS, ["s1"], window=10) == [1]
 
 
@@ -260,7 +232,7 @@ def test_release_counting_against_the_budget_adds_discarded_tokens_and_can_exhau
     snap = ledger.snapshot(DS)
     assert (snap.tokens, snap.discarded_tokens, snap.wasted_tokens, snap.live_tokens) == (50, 55, 55, 0)
     assert snap.state == DatasetState.EXHAUSTED
-    assert pending(redis_client, ledger) == {"s1": "discarded", "s2": "discarded"}
+    assert pending(redis_client) == {"s1": "discarded", "s2": "discarded"}
 
 
 def test_release_of_a_committed_sample_does_not_make_it_pending(
@@ -271,7 +243,7 @@ def test_release_of_a_committed_sample_does_not_make_it_pending(
 
     ledger.release(DS, "s1", "a2", "revoked", thrown_away_tokens=3)
 
-    assert pending(redis_client, ledger) == {}
+    assert pending(redis_client) == {}
     assert ledger.snapshot(DS).wasted_tokens == 3
 
 
@@ -286,7 +258,7 @@ def test_release_by_an_attempt_that_lost_the_lease_keeps_the_new_holders_lease(
 
     ledger.release(DS, "s1", "old", "lost lease")
 
-    assert owner(redis_client, ledger, "s1") == "new"
+    assert owner(redis_client, "s1") == "new"
     assert ledger.snapshot(DS).live_tokens == 6
 
 
@@ -307,9 +279,9 @@ def test_reclaim_returns_expired_leases_to_pending_and_counts_their_live_tokens_
 
     assert ledger.reclaim(DS) == 2
 
-    assert pending(redis_client, ledger) == {"dead1": "lease_expired", "dead2": "lease_expired"}
-    assert owner(redis_client, ledger, "dead1") is None
-    assert owner(redis_client, ledger, "alive") == "a1"
+    assert pending(redis_client) == {"dead1": "lease_expired", "dead2": "lease_expired"}
+    assert owner(redis_client, "dead1") is None
+    assert owner(redis_client, "alive") == "a1"
     snap = ledger.snapshot(DS)
     assert (snap.live_tokens, snap.wasted_tokens, snap.reclaimed, snap.inflight) == (7, 15, 2, 1)
     assert snap.tokens == 0

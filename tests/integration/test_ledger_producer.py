@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from budget import Admission, CommitOutcome, DatasetLimits, DatasetState, Ledger, Progress
+from budget import Admission, DatasetState, Ledger
 from budget.ledger import (
     ENQUEUE_BUDGET_IN_FLIGHT,
     ENQUEUE_NOT_ACTIVE,
@@ -13,37 +13,11 @@ from budget.ledger import (
     ENQUEUE_SKIP,
     ENQUEUE_WINDOW_FULL,
 )
+from tests.integration.ledger_helpers import DS, commit_new, make, progress, queued
 
 pytestmark = pytest.mark.integration
 
-DS = "ds"
 PUB, SKIP, FULL = ENQUEUE_PUBLISH, ENQUEUE_SKIP, ENQUEUE_WINDOW_FULL
-
-
-def make(
-    ledger: Ledger,
-    *,
-    token_budget: int | None = None,
-    max_samples: int | None = None,
-    on_budget: str = "truncate",
-) -> str:
-    return ledger.register(DS, DatasetLimits(token_budget, max_samples, on_budget), {"servers": ["s"]})
-
-
-def queued(redis_client: redis.Redis, ledger: Ledger) -> set[str]:
-    return set(redis_client.zrange(ledger.keys_of(DS).queued_zset, 0, -1))
-
-
-def progress(ledger: Ledger, sid: str, attempt: str, n: int, lease_ms: int = 60_000) -> Progress:
-    """Report ``n`` new tokens; the action only (the state it returns is tested on its own)."""
-    action, _state = ledger.progress(DS, sid, attempt, n, lease_ms=lease_ms)
-    return action
-
-
-def commit_new(ledger: Ledger, sid: str, tokens: int) -> None:
-    attempt = f"{sid}-a1"
-    assert ledger.admit(DS, sid, attempt).admission is Admission.OK
-    assert ledger.commit(DS, sid, attempt, tokens) is CommitOutcome.COMMITTED
 
 
 # --- enqueue ----------------------------------------------------------------------------------------
@@ -55,7 +29,7 @@ def test_enqueue_publishes_every_new_sample_within_the_window(
     make(ledger)
 
     assert ledger.enqueue(DS, ["s1", "s2", "s3"], window=10) == [PUB, PUB, PUB]
-    assert queued(redis_client, ledger) == {"s1", "s2", "s3"}
+    assert queued(redis_client) == {"s1", "s2", "s3"}
     assert ledger.snapshot(DS).queued == 3
 
 
@@ -65,7 +39,7 @@ def test_enqueue_stops_with_window_full_when_the_window_is_reached(
     make(ledger)
 
     assert ledger.enqueue(DS, ["s1", "s2", "s3", "s4", "s5"], window=3) == [PUB, PUB, PUB, FULL]
-    assert queued(redis_client, ledger) == {"s1", "s2", "s3"}
+    assert queued(redis_client) == {"s1", "s2", "s3"}
 
     # the window counts what is already queued: the queued ones are skipped, the next new one waits
     assert ledger.enqueue(DS, ["s1", "s2", "s3", "s4"], window=3) == [SKIP, SKIP, SKIP, FULL]
@@ -142,7 +116,7 @@ def test_enqueue_returns_not_active_for_a_paused_or_revoked_dataset(
     ledger.set_state(DS, stop)
 
     assert ledger.enqueue(DS, ["s1", "s2"], window=10) == [ENQUEUE_NOT_ACTIVE]
-    assert queued(redis_client, ledger) == set()
+    assert queued(redis_client) == set()
 
 
 def test_enqueue_returns_not_active_for_an_exhausted_dataset(ledger: Ledger) -> None:
@@ -165,7 +139,7 @@ def test_enqueue_returns_budget_in_flight_when_live_tokens_reach_the_budget(
 
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
     assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
-    assert queued(redis_client, ledger) == {"s2"}
+    assert queued(redis_client) == {"s2"}
 
 
 def test_enqueue_counts_committed_discarded_and_live_tokens_together_against_the_budget(
@@ -206,7 +180,7 @@ def test_unqueue_takes_samples_out_of_the_queue_and_makes_them_pending_with_the_
 
     assert ledger.unqueue(DS, ["s1", "s2"], "publish failed") == 2
 
-    assert queued(redis_client, ledger) == {"s3"}
+    assert queued(redis_client) == {"s3"}
     assert redis_client.hgetall(ledger.keys_of(DS).pending_hash) == {
         "s1": "publish failed",
         "s2": "publish failed",

@@ -13,8 +13,7 @@ import orjson
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import Sim, unique, write_config
-from tests.integration.test_budget_control import BackgroundSubmit, wait_until
+from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
 from tests.integration.test_fleet_run import token_rows
 from tokenfleet.cli import main
 from workers.version import full_version
