@@ -92,7 +92,13 @@ async def anchor(
 
 
 def fleet(
-    url: str, redis_url: str, rows: list[list[int]], max_new_tokens: int, folder: Path, window: int
+    url: str,
+    redis_url: str,
+    rows: list[list[int]],
+    max_new_tokens: int,
+    folder: Path,
+    window: int,
+    samples_per_task: int = 1,
 ) -> dict[str, float]:
     name = f"bench_{uuid.uuid4().hex[:8]}"
     config = write_config(
@@ -102,7 +108,8 @@ def fleet(
         datasets=[{"name": name, "rows": [{"input_ids": r} for r in rows]}],
         sampling={"max_new_tokens": max_new_tokens, "temperature": 0.7},
     )
-    config.write_text(config.read_text().replace('output_dir = "out"', 'output_dir = "out"\nfsync = "never"'))
+    extra = f'output_dir = "out"\nfsync = "never"\nsamples_per_task = {samples_per_task}'
+    config.write_text(config.read_text().replace('output_dir = "out"', extra))
     cfg = load_config(config, env={})
     started = time.monotonic()
     with open(os.devnull, "w") as devnull:
@@ -121,7 +128,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=[*WORKLOADS, "both"], default="both")
     p.add_argument("--inflight", type=int, default=64)
-    p.add_argument("--fleet-processes", type=int, default=2, help="worker processes (threads: N / processes)")
+    p.add_argument("--fleet-processes", type=int, default=2, help="worker processes")
+    p.add_argument(
+        "--samples-per-task",
+        type=int,
+        default=1,
+        help="samples per Celery message (threads: N / processes / this)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--step-time-s", type=float, default=0.01)
     p.add_argument("--window", type=int, default=256, help="the fleet's queue window")
@@ -131,7 +144,7 @@ def main() -> int:
     rows_out = []
     raw: dict[str, Any] = {}
     names = list(WORKLOADS) if args.workload == "both" else [args.workload]
-    threads = max(1, args.inflight // args.fleet_processes)
+    threads = max(1, args.inflight // (args.fleet_processes * args.samples_per_task))
     for workload in names:
         w = WORKLOADS[workload]
         with (
@@ -149,7 +162,15 @@ def main() -> int:
                     )
                 )
                 runs["fleet"].append(
-                    fleet(url, redis_url, rows, w["max_new_tokens"], Path(tmp) / f"f{i}", args.window)
+                    fleet(
+                        url,
+                        redis_url,
+                        rows,
+                        w["max_new_tokens"],
+                        Path(tmp) / f"f{i}",
+                        args.window,
+                        args.samples_per_task,
+                    )
                 )
                 for who in ("anchor", "fleet"):
                     r = runs[who][-1]
@@ -174,7 +195,8 @@ def main() -> int:
             )
     print(
         f"\nmachine: {machine()}; N = {args.inflight} in flight; fleet: {args.fleet_processes} worker "
-        f"processes x {threads} threads; simulator step {args.step_time_s * 1000:.0f} ms; "
+        f"processes x {threads} threads x {args.samples_per_task} samples per task; "
+        f"simulator step {args.step_time_s * 1000:.0f} ms; "
         f"medians of {args.repeats} runs\n"
     )
     headers = ["workload", "metric", "anchor", "fleet", "ratio of medians", "median of paired ratios"]

@@ -373,6 +373,9 @@ class FleetConfig(_Model):
     source_path: Path
     retry: RetryConfig = Field(default_factory=RetryConfig)
     fsync: FsyncPolicy = "always"
+    #: Samples per Celery message. 1 (the default) for long answers; a few (4-8) for short ones, where
+    #: the cost of a message weighs: a worker runs a message's samples at once, each on its own.
+    samples_per_task: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> FleetConfig:
@@ -420,6 +423,9 @@ class _ConfigFile(_Model):
     dataset: list[_DatasetTable] = Field(min_length=1)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     fsync: FsyncPolicy = "always"
+    #: Samples per Celery message. 1 (the default) for long answers; a few (4-8) for short ones, where
+    #: the cost of a message weighs: a worker runs a message's samples at once, each on its own.
+    samples_per_task: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
     tokenizer: NonEmptyStr | None = None
     format: Format = "auto"
     id_field: NonEmptyStr = DEFAULT_ID_FIELD
@@ -519,6 +525,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
             source_path=config_path.absolute(),
             retry=doc.retry,
             fsync=doc.fsync,
+            samples_per_task=doc.samples_per_task,
         )
     except ValidationError as exc:  # pragma: no cover - the file model checked all of it already
         raise _translate(exc, raw, locator, shown) from None

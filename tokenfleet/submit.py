@@ -213,7 +213,9 @@ def run_submit(
             console.print(f"[yellow]{name} is {state}: nothing is fed until `tokenfleet resume {name}`[/]")
     console.print(f"submitted {len(states)} dataset(s) to {redact_url(cfg.redis_url)}; waiting for workers")
 
-    feeder = Feeder(ledger, TaskPublisher(app), feeds, window=window, queue_key=QUEUE_NAME)
+    feeder = Feeder(
+        ledger, TaskPublisher(app, cfg.samples_per_task), feeds, window=window, queue_key=QUEUE_NAME
+    )
 
     def observed(show: Callable[[list[DatasetSnapshot]], None]) -> Callable[[list[DatasetSnapshot]], None]:
         def tick(snaps: list[DatasetSnapshot]) -> None:

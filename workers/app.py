@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from celery import Celery
 
-from workers.settings import DEFAULT_CONCURRENCY, GENERATE_TASK, QUEUE_NAME, WorkerSettings
+from workers.settings import (
+    DEFAULT_CONCURRENCY,
+    GENERATE_GROUP_TASK,
+    GENERATE_TASK,
+    QUEUE_NAME,
+    WorkerSettings,
+)
 
 settings = WorkerSettings.from_env()
 
@@ -33,7 +39,7 @@ def make_app(broker_url: str, visibility_timeout_s: float = settings.visibility_
         broker_transport_options={"visibility_timeout": visibility_timeout_s},
         broker_connection_retry_on_startup=True,
         task_default_queue=QUEUE_NAME,
-        task_routes={GENERATE_TASK: {"queue": QUEUE_NAME}},
+        task_routes={GENERATE_TASK: {"queue": QUEUE_NAME}, GENERATE_GROUP_TASK: {"queue": QUEUE_NAME}},
         worker_send_task_events=True,
         # No task-sent events: one more PUBLISH per task on the producer's hot path (a third of its time
         # in a profile); Flower learns of each task from the worker's task-received event.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery import Task, signals
@@ -20,11 +21,14 @@ from workers.app import app, settings
 from workers.generate import SampleRunner
 from workers.heartbeat import Heartbeat
 from workers.leases import LeaseKeeper
-from workers.settings import DATASET_STAMP, GENERATE_TASK
+from workers.settings import DATASET_STAMP, GENERATE_GROUP_TASK, GENERATE_TASK
 from workers.sglang.client import SGLangClient
 from workers.sink import OutputSink
 
 log = logging.getLogger(__name__)
+
+#: Threads a worker process may use for group tasks' samples (its Celery threads x samples_per_task).
+GROUP_POOL_THREADS = 256
 
 _runner: SampleRunner | None = None
 _runner_lock = threading.Lock()
@@ -50,18 +54,7 @@ def runner() -> SampleRunner:
 def generate(self: Task, dataset: str, sample_id: str, sample: dict[str, Any]) -> dict[str, Any]:
     outcome = runner().run(dataset, {**sample, "sample_id": sample_id})
     if outcome.outcome == "dropped":
-        # Flower shows a task-revoked event as REVOKED; Ignore acknowledges the message and sends no
-        # task-succeeded event.
-        # Flower shows only Celery's own task fields: the reason rides in ``result`` as well.
-        self.send_event(
-            "task-revoked",
-            terminated=False,
-            signum=None,
-            expired=False,
-            reason=outcome.reason,
-            result=f"dropped: {outcome.reason}",
-        )
-        raise Ignore()
+        _report_dropped(self, outcome.reason)
     return outcome.as_dict()
 
 
@@ -87,12 +80,54 @@ def _stop_heartbeat(**_: Any) -> None:
         _heartbeat.stop()
 
 
+_group_pool: ThreadPoolExecutor | None = None
+
+
+def group_pool() -> ThreadPoolExecutor:
+    """Threads that run a group task's samples at once (each thread mostly waits on its HTTP stream)."""
+    global _group_pool
+    with _runner_lock:
+        if _group_pool is None:
+            _group_pool = ThreadPoolExecutor(max_workers=GROUP_POOL_THREADS, thread_name_prefix="tf-group")
+        return _group_pool
+
+
+@app.task(name=GENERATE_GROUP_TASK, bind=True, acks_late=True, ignore_result=True)
+def generate_group(self: Task, dataset: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several samples of one dataset in one message (``samples_per_task``): run at once, each admitted,
+    leased, generated and committed on its own, as ``generate`` does for one."""
+    r = runner()
+    outcomes = list(group_pool().map(lambda sample: r.run(dataset, sample), samples))
+    if all(o.outcome == "dropped" for o in outcomes):
+        reasons = sorted({o.reason for o in outcomes})
+        _report_dropped(self, ", ".join(reasons))
+    return {"outcomes": [o.as_dict() for o in outcomes]}
+
+
+def _report_dropped(task: Task, reason: str) -> None:
+    """Flower shows a task-revoked event as REVOKED; Ignore acknowledges the message and sends no
+    task-succeeded event. Flower shows only Celery's own task fields: the reason rides in ``result``."""
+    task.send_event(
+        "task-revoked",
+        terminated=False,
+        signum=None,
+        expired=False,
+        reason=reason,
+        result=f"dropped: {reason}",
+    )
+    raise Ignore()
+
+
 @signals.task_revoked.connect
 def _revoked_by_stamp(request: Any = None, expired: bool = False, **_: Any) -> None:
     """``celery control revoke_by_stamped_headers dataset=NAME`` drops tasks only in the workers that got
     the broadcast, and only in memory: record it in the ledger, the truth every worker, the producer and
     ``status`` read. The dataset becomes revoked and the dropped sample pending."""
-    if expired or request is None or getattr(request, "task", None) != GENERATE_TASK:
+    if (
+        expired
+        or request is None
+        or getattr(request, "task", None) not in (GENERATE_TASK, GENERATE_GROUP_TASK)
+    ):
         return
     stamps = getattr(request, "stamps", None) or {}
     dataset = stamps.get(DATASET_STAMP)
@@ -102,6 +137,9 @@ def _revoked_by_stamp(request: Any = None, expired: bool = False, **_: Any) -> N
     kwargs = getattr(request, "kwargs", None) or {}
     ledger = runner().ledger
     ledger.revoke(dataset)
+    sample_ids = [str(s["sample_id"]) for s in kwargs.get("samples") or []]
     if kwargs.get("sample_id"):
-        ledger.unqueue(dataset, [str(kwargs["sample_id"])], "revoked")
+        sample_ids.append(str(kwargs["sample_id"]))
+    if sample_ids:
+        ledger.unqueue(dataset, sample_ids, "revoked")
     log.info("dataset %s revoked by stamped header; the ledger now says revoked", dataset)

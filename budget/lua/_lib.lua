@@ -138,6 +138,14 @@ local function rate_sum(hash, window_s)
   return total, sec - oldest + 1
 end
 
+-- The sample ids a Celery message of ours carries in its headers (purge_queue, audit_queued):
+-- "tf_sample_id" for one sample, "tf_sample_ids" for a group.
+local function message_sample_ids(headers)
+  if type(headers['tf_sample_ids']) == 'table' then return headers['tf_sample_ids'] end
+  if type(headers['tf_sample_id']) == 'string' then return {headers['tf_sample_id']} end
+  return {}
+end
+
 local function owns(owners, sid, attempt)
   return redis.call('HGET', owners, sid) == attempt
 end

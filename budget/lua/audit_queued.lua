@@ -15,9 +15,8 @@ local present = {}
 for _, raw in ipairs(redis.call('LRANGE', queue, 0, -1)) do
   local ok, msg = pcall(cjson.decode, raw)
   local headers = ok and type(msg) == 'table' and msg['headers'] or nil
-  if type(headers) == 'table' and type(headers['stamps']) == 'table'
-      and headers['stamps']['dataset'] == dataset and type(headers['tf_sample_id']) == 'string' then
-    present[headers['tf_sample_id']] = true
+  if type(headers) == 'table' and type(headers['stamps']) == 'table' and headers['stamps']['dataset'] == dataset then
+    for _, sid in ipairs(message_sample_ids(headers)) do present[sid] = true end
   end
 end
 local lost = 0

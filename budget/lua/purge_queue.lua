@@ -5,7 +5,8 @@
 -- Returns how many messages were removed.
 -- Message shape relied on (kombu Redis transport, Celery protocol 2): each list item is a JSON object
 -- whose "headers" carry Celery's "stamps" ({"dataset": name}, see tokenfleet.publish) and our
--- "tf_sample_id". Messages already reserved by a worker are not in the list: admit drops those.
+-- "tf_sample_id" (or "tf_sample_ids" for a group task). Messages already reserved by a worker are not in
+-- the list: admit drops those. Returns messages, not samples.
 local queue, queued, pending = KEYS[1], KEYS[2], KEYS[3]
 local dataset, reason = ARGV[1], ARGV[2]
 local items = redis.call('LRANGE', queue, 0, -1)
@@ -16,9 +17,8 @@ for _, raw in ipairs(items) do
   local stamps = type(headers) == 'table' and headers['stamps'] or nil
   if type(stamps) == 'table' and stamps['dataset'] == dataset then
     removed = removed + 1
-    local sid = headers['tf_sample_id']
-    if type(sid) == 'string' and redis.call('ZREM', queued, sid) == 1 then
-      redis.call('HSET', pending, sid, reason)
+    for _, sid in ipairs(message_sample_ids(headers)) do
+      if redis.call('ZREM', queued, sid) == 1 then redis.call('HSET', pending, sid, reason) end
     end
   else
     keep[#keep + 1] = raw

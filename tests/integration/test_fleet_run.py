@@ -218,3 +218,29 @@ def test_5xx_dropped_streams_and_server_aborts_are_retried_and_counted_once(
     assert snap.failed == 0 and snap.samples == len(records) == 40
     assert snap.tokens == sum(r["completion_tokens"] for r in records)
     assert not any(r["finish_reason"]["type"] == "abort" for r in records)
+
+
+def test_samples_grouped_several_to_a_task_are_each_generated_and_counted_once(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim: Sim, tmp_path: Path
+) -> None:
+    grouped, capped = unique("grouped"), unique("grouped_capped")
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[sim.url],
+        datasets=[
+            {"name": grouped, "rows": token_rows(43, seed=4)},
+            {"name": capped, "rows": token_rows(60, seed=6), "max_samples": 17},
+        ],
+        top={"samples_per_task": 4},
+    )
+    requests = sim.stats()["requests"]
+
+    assert submit(config, "--no-server-check") == 0
+
+    records = export(fleet_ledger, grouped, tmp_path)
+    snap = fleet_ledger.snapshot(grouped)
+    assert snap.samples == len(records) == 43 and len({r["id"] for r in records}) == 43
+    assert snap.tokens == sum(r["completion_tokens"] for r in records)
+    assert fleet_ledger.snapshot(capped).samples == 17  # the cap holds sample by sample inside groups
+    assert sim.stats()["requests"] - requests == 43 + 17

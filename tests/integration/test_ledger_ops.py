@@ -670,3 +670,26 @@ def test_commit_after_revoke_answers_revoked_does_not_count_and_makes_the_sample
 
     assert ledger.resume(DS) == DatasetState.ACTIVE
     assert ledger.enqueue(DS, ["s1"], window=10) == [1]  # fed again once resumed
+
+
+def test_purge_and_audit_read_the_sample_ids_of_group_tasks(
+    ledger: Ledger, redis_client: redis.Redis, redis_url: str
+) -> None:
+    from workers.app import make_app
+
+    make(ledger)
+    ids = [f"g{i}" for i in range(7)]
+    assert ledger.enqueue(DS, ids, window=10) == [1] * 7
+    app = make_app(redis_url)
+    TaskPublisher(app, samples_per_task=3)(
+        DS, [Sample(sid, i + 1, [1, 2], None, {}) for i, sid in enumerate(ids)]
+    )
+    app.close()
+    assert redis_client.llen(QUEUE_NAME) == 3  # groups of 3, 3 and 1
+
+    assert ledger.audit_queued(DS, QUEUE_NAME, older_than_ms=0) == 0  # every id is found in a group's header
+    assert ledger.purge_queue(DS, QUEUE_NAME, "revoked") == 3
+
+    assert redis_client.llen(QUEUE_NAME) == 0
+    assert queued(redis_client) == set()
+    assert pending(redis_client) == dict.fromkeys(ids, "revoked")
