@@ -23,6 +23,7 @@ import orjson
 
 from budget import DatasetSnapshot, Ledger, LedgerError, LedgerUnavailable
 from budget.ledger import (
+    DEFAULT_QUEUED_AUDIT_MS,
     ENQUEUE_BUDGET_IN_FLIGHT,
     ENQUEUE_NOT_ACTIVE,
     ENQUEUE_PUBLISH,
@@ -234,7 +235,9 @@ class Feeder:
                 if now - last_audit >= AUDIT_EVERY_S:
                     # The first round looks at every queued mark: one left by a producer killed between
                     # marking and publishing is found at once, not after the audit's usual delay.
-                    self._housekeeping(reclaim, audit_after_ms=0 if last_audit == 0.0 else None)
+                    self._housekeeping(
+                        reclaim, audit_after_ms=0 if last_audit == 0.0 else DEFAULT_QUEUED_AUDIT_MS
+                    )
                     last_audit = now
                 done = self.step()
                 if on_tick is not None and (done or now - last_tick >= tick_s):
@@ -248,13 +251,10 @@ class Feeder:
                 continue
             time.sleep(IDLE_POLL_S)
 
-    def _housekeeping(self, reclaim: bool, audit_after_ms: int | None = None) -> None:
+    def _housekeeping(self, reclaim: bool, audit_after_ms: int) -> None:
         """Take back expired leases and queued samples whose message was lost (see the ledger scripts)."""
         for feed in self.feeds:
             if reclaim:
                 self.ledger.reclaim(feed.name)
             if self.queue_key is not None:
-                if audit_after_ms is None:
-                    self.ledger.audit_queued(feed.name, self.queue_key)
-                else:
-                    self.ledger.audit_queued(feed.name, self.queue_key, audit_after_ms)
+                self.ledger.audit_queued(feed.name, self.queue_key, audit_after_ms)

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 from rich.console import Console, RenderableType
 
-from budget import Ledger, LedgerError, UnknownDataset
+from budget import DatasetSnapshot, Ledger, LedgerError, UnknownDataset
 from budget.location import redis_url_from_env
 from producer.source import SourceError
 from tokenfleet import __version__
@@ -56,20 +56,22 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     ledger = _ledger(args)
     mine = full_version()
 
+    servers = ServerLedger(ledger.client)
+
+    def snapshots() -> list[DatasetSnapshot]:
+        return [ledger.snapshot(n) for n in (args.names or ledger.datasets())]
+
     def view() -> RenderableType:
-        snaps = [ledger.snapshot(n) for n in (args.names or ledger.datasets())]
+        snaps = snapshots()
         if not snaps:
             return f"no datasets in the ledger at {redact_url(_redis_url(args))}"
-        return fleet_view(snaps, ledger.workers(), mine, servers=ServerLedger(ledger.client).status())
+        return fleet_view(snaps, ledger.workers(), mine, servers=servers.status())
 
     if args.json:
-        snaps = [ledger.snapshot(n) for n in (args.names or ledger.datasets())]
         body = {
-            "datasets": [snapshot_json(s) for s in snaps],
+            "datasets": [snapshot_json(s) for s in snapshots()],
             "workers": workers_json(ledger.workers(), mine),
-            "servers": [
-                s.as_dict() | {"url": redact_url(s.url)} for s in ServerLedger(ledger.client).status()
-            ],
+            "servers": [s.as_dict() | {"url": redact_url(s.url)} for s in servers.status()],
             "version": mine,
         }
         sys.stdout.write(orjson.dumps(body).decode() + "\n")

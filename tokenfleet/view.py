@@ -15,6 +15,7 @@ from rich.text import Text
 from budget import DatasetSnapshot
 from budget.servers import ServerStatus
 from tokenfleet.config import redact_url
+from workers.generate import DEFAULT_STREAM_INTERVAL
 
 #: The first fields of each dataset in ``status --json``, in order (the interface later checks drive).
 STATUS_FIELDS: Final = (
@@ -30,9 +31,6 @@ STATUS_FIELDS: Final = (
     "inflight",
 )
 
-#: Tokens between streamed chunks that workers ask for by default (``workers.generate``): a truncated
-#: generation can run at most about this far past the budget before its abort lands.
-STREAM_INTERVAL: Final = 8
 
 _STATE_STYLE: Final = {"active": "green", "paused": "yellow", "exhausted": "cyan", "revoked": "red"}
 
@@ -77,7 +75,9 @@ def project(s: DatasetSnapshot) -> Projection:
         elif s.on_budget == "drain":  # the running generations finish: their expected rest
             overshoot, waste = int(max(0.0, s.inflight * mean - s.live_tokens)), 0
         else:  # cut at the next chunk: at most one stream interval each
-            overshoot = s.inflight * STREAM_INTERVAL
+            # a truncated generation runs at most about one stream interval past the budget before its
+            # abort lands
+            overshoot = s.inflight * DEFAULT_STREAM_INTERVAL
             waste = s.live_tokens if s.on_budget == "discard" else 0
     if s.settled:
         eta: float | None = 0.0
