@@ -1,5 +1,8 @@
 """A synchronous client for SGLang's native ``/generate``, streaming, with abort.
 
+``/generate`` goes over ``wire.py`` (http.client, a connection per thread and server: the hot path); the
+small endpoints over httpx.
+
 Errors are classified by HTTP status, never by message text (``shared/reference/sglang-http.md``):
 4xx is the input's fault (``RequestRejected``, not retried), 5xx and transport errors are retryable
 (``ServerUnavailable``), and an answer without ``output_ids`` is a configuration error (``ProtocolError``,
@@ -9,6 +12,7 @@ sglang < 0.5.2). A 200 can still be an abort: callers read ``Generation.finish_r
 from __future__ import annotations
 
 import contextlib
+import http.client
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +22,7 @@ import httpx
 import orjson
 
 from workers.sglang import protocol
+from workers.sglang.wire import Wire, WireError, iter_lines
 
 #: After asking the server to abort, how long to keep reading for its final chunk (the exact partial
 #: output) before closing the stream ourselves.
@@ -115,6 +120,20 @@ class StreamAccumulator:
         return len(self.output_ids) - before
 
 
+def answers_in_one_chunk(sampling_params: dict[str, Any]) -> bool:
+    """Whether a stream of this generation would carry all of it in its final chunk: at most
+    ``stream_interval`` tokens. Our budget checks run per chunk, so such a generation cannot be stopped
+    part way either way; streaming it would only cost the server SSE framing and us the parsing."""
+    interval = sampling_params.get("stream_interval")
+    max_new = sampling_params.get("max_new_tokens", protocol.SGLANG_DEFAULT_MAX_NEW_TOKENS)
+    return interval is not None and max_new is not None and int(max_new) <= int(interval)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
 def _error_message(body: bytes) -> str:
     """The message of SGLang's error shapes: {"error": str}, {"error": {"message"}}, {"message"}."""
     try:
@@ -137,13 +156,13 @@ def _raise_for_status(server: str, status: int, body: bytes) -> None:
     raise cls(f"HTTP {status}: {message}", server=server, status=status)
 
 
-def _iter_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+def _iter_events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
     """The JSON objects of an SSE stream, up to ``data: [DONE]``."""
     for line in lines:
-        if not line.startswith("data:"):
+        if not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
-        if data == protocol.SSE_DONE.decode():
+        if data == protocol.SSE_DONE:
             return
         yield orjson.loads(data)
 
@@ -156,8 +175,10 @@ class SGLangClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             headers={"Content-Type": "application/json"},
         )
+        self._wire = Wire()
 
     def close(self) -> None:
+        self._wire.close()
         self._http.close()
 
     def __enter__(self) -> SGLangClient:
@@ -210,30 +231,51 @@ class SGLangClient:
         timeout_s: float = 1800.0,
         on_tokens: OnTokens | None = None,
     ) -> Generation:
-        """Stream one generation from ``server``. ``on_tokens`` sees each chunk's new tokens and may stop it.
+        """One generation from ``server``, streamed: ``on_tokens`` sees each chunk's new tokens (but the
+        last's) and may stop it.
+
+        A generation that fits in one chunk (``answers_in_one_chunk``) is asked for whole: a stream would
+        carry it in its final chunk anyway, and ``on_tokens`` is never called for a final chunk.
 
         Raises ``RequestRejected``, ``ServerUnavailable`` or ``ProtocolError``.
         """
-        payload: dict[str, Any] = {"rid": rid, "sampling_params": sampling_params, "stream": True}
+        whole = answers_in_one_chunk(sampling_params)
+        payload: dict[str, Any] = {"rid": rid, "sampling_params": sampling_params, "stream": not whole}
         if input_ids is not None:
             payload["input_ids"] = input_ids
         else:
             payload["text"] = text
         deadline = time.monotonic() + timeout_s
-        timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
         acc = StreamAccumulator()
         stopped = False
         try:
-            with self._http.stream(
-                "POST", server + protocol.GENERATE_PATH, content=orjson.dumps(payload), timeout=timeout
-            ) as response:
-                if response.status_code != 200:
-                    _raise_for_status(server, response.status_code, response.read())
-                stopped = self._read_stream(server, rid, response, acc, deadline, on_tokens)
-        except httpx.HTTPError as e:
-            raise ServerUnavailable(f"{server}: {type(e).__name__}: {e}", server=server) from None
+            with self._wire.post(
+                server,
+                protocol.GENERATE_PATH,
+                orjson.dumps(payload),
+                timeout_s=timeout_s,
+                connect_timeout_s=min(CONNECT_TIMEOUT_S, timeout_s),
+            ) as exchange:
+                response = exchange.response
+                if response.status != 200:
+                    error_body = response.read()
+                    exchange.complete = True
+                    _raise_for_status(server, response.status, error_body)
+                if whole:
+                    # A timeout closes the connection, and the server aborts a request whose client left.
+                    answer = orjson.loads(response.read())
+                    exchange.complete = True
+                    if not isinstance(answer, dict):
+                        raise ServerUnavailable(f"{server}: the answer is not a JSON object", server=server)
+                    acc.feed(answer)
+                else:
+                    stopped = self._read_stream(server, rid, response, acc, deadline, on_tokens)
+                    # A stream we stopped is closed with its connection: that aborts it on the server.
+                    exchange.complete = not stopped
+        except WireError as e:
+            raise ServerUnavailable(f"{server}: {_describe(e)}", server=server) from None
         except orjson.JSONDecodeError as e:
-            raise ServerUnavailable(f"{server}: malformed stream chunk: {e}", server=server) from None
+            raise ServerUnavailable(f"{server}: malformed answer: {e}", server=server) from None
         if not acc.finished and not stopped:
             raise ServerUnavailable(
                 f"{server}: the stream ended before the generation finished", server=server
@@ -258,14 +300,15 @@ class SGLangClient:
         self,
         server: str,
         rid: str,
-        response: httpx.Response,
+        response: http.client.HTTPResponse,
         acc: StreamAccumulator,
         deadline: float,
         on_tokens: OnTokens | None,
     ) -> bool:
-        """Reads chunks into ``acc``; returns True when we stopped the generation."""
+        """Reads chunks into ``acc``; returns True when we stopped the generation (the caller then closes
+        the connection, which aborts the request on the server if it is still running)."""
         stop_deadline: float | None = None
-        for chunk in _iter_events(response.iter_lines()):
+        for chunk in _iter_events(iter_lines(response)):
             if "error" in chunk and "meta_info" not in chunk:
                 err = chunk["error"]
                 status = err.get("code") or err.get("status_code") if isinstance(err, dict) else None

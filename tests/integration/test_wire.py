@@ -1,0 +1,244 @@
+"""The data plane's HTTP connections (workers/sglang/wire.py) against a real HTTP/1.1 server that records
+what it is sent and on which connection (the client's port names the connection)."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+
+from tokenfleet.local import free_port
+from workers.sglang import wire as wire_module
+from workers.sglang.client import SGLangClient
+from workers.sglang.wire import Wire, WireError
+
+
+@dataclass
+class Seen:
+    port: int
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class Recorder:
+    """What the server saw, and how it should answer."""
+
+    seen: list[Seen] = field(default_factory=list)
+    close_after_answer: bool = False  # drop the connection after answering, without saying so
+    delay_s: float = 0.0
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    recorder: Recorder
+
+    def do_POST(self) -> None:
+        body = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.recorder.seen.append(
+            Seen(self.client_address[1], self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+        )
+        time.sleep(self.recorder.delay_s)
+        ids = list(range(int(body["sampling_params"].get("max_new_tokens", 128))))
+        final = {
+            "text": "x",
+            "output_ids": ids,
+            "meta_info": {
+                "completion_tokens": len(ids),
+                "prompt_tokens": 2,
+                "finish_reason": {"type": "length", "length": len(ids)},
+            },
+        }
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            half = {
+                **final,
+                "output_ids": ids[: len(ids) // 2],
+                "meta_info": {"completion_tokens": len(ids) // 2, "finish_reason": None},
+            }
+            for event in (half, final):
+                self._chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        else:
+            data = orjson.dumps(final)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        self.wfile.flush()
+        if self.recorder.close_after_answer:
+            self.close_connection = True
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, Recorder]]:
+    recorder = Recorder()
+    handler = type("Handler", (_Handler,), {"recorder": recorder})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", recorder
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def post(w: Wire, url: str, body: dict[str, Any], *, complete: bool = True) -> bytes:
+    with w.post(url, "/generate", orjson.dumps(body), timeout_s=5, connect_timeout_s=5) as exchange:
+        data = exchange.response.read() if complete else exchange.response.read(10)
+        exchange.complete = complete
+        return data
+
+
+BODY = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}
+
+
+def test_one_thread_sends_its_requests_over_one_kept_connection(server: tuple[str, Recorder]) -> None:
+    url, recorder = server
+    w = Wire()
+    answers = [orjson.loads(post(w, url, BODY)) for _ in range(3)]
+    assert [a["output_ids"] for a in answers] == [[0, 1, 2, 3]] * 3
+    assert len({s.port for s in recorder.seen}) == 1
+    w.close()
+
+
+def test_threads_each_have_their_own_connection(server: tuple[str, Recorder]) -> None:
+    url, recorder = server
+    w = Wire()
+    barrier = threading.Barrier(3)
+
+    def run() -> None:
+        barrier.wait()
+        for _ in range(2):
+            post(w, url, BODY)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ports = [s.port for s in recorder.seen]
+    assert len(ports) == 6 and len(set(ports)) == 3
+    w.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(
+    server: tuple[str, Recorder],
+) -> None:
+    url, recorder = server
+    recorder.close_after_answer = True  # closes without "Connection: close": only the socket tells
+    w = Wire()
+    for _ in range(3):
+        post(w, url, BODY)
+        time.sleep(0.05)  # the server's close reaches us
+    assert len({s.port for s in recorder.seen}) == 3
+    w.close()
+
+
+def test_a_connection_idle_longer_than_the_reuse_limit_is_replaced(
+    server: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, recorder = server
+    monkeypatch.setattr(wire_module, "IDLE_REUSE_S", 0.0)
+    w = Wire()
+    post(w, url, BODY)
+    time.sleep(0.01)
+    post(w, url, BODY)
+    assert len({s.port for s in recorder.seen}) == 2
+    w.close()
+
+
+def test_an_answer_left_unread_closes_its_connection(server: tuple[str, Recorder]) -> None:
+    url, recorder = server
+    w = Wire()
+    post(w, url, BODY, complete=False)
+    post(w, url, BODY)
+    post(w, url, BODY)
+    ports = [s.port for s in recorder.seen]
+    assert ports[0] != ports[1] and ports[1] == ports[2]
+    w.close()
+
+
+def test_credentials_and_a_path_in_the_server_url_are_honoured(server: tuple[str, Recorder]) -> None:
+    url, recorder = server
+    w = Wire()
+    post(w, url.replace("http://", "http://fleet:s%40cret@") + "/sglang/", BODY)
+    seen = recorder.seen[0]
+    assert seen.path == "/sglang/generate"
+    assert seen.headers["authorization"] == "Basic " + base64.b64encode(b"fleet:s@cret").decode()
+    assert seen.headers["content-type"] == "application/json"
+    w.close()
+
+
+def test_a_server_that_does_not_answer_in_time_is_a_wire_error(server: tuple[str, Recorder]) -> None:
+    url, recorder = server
+    recorder.delay_s = 1.0
+    w = Wire()
+    with (
+        pytest.raises(WireError),
+        w.post(url, "/generate", orjson.dumps(BODY), timeout_s=0.2, connect_timeout_s=1) as exchange,
+    ):
+        exchange.response.read()
+    w.close()
+
+
+def test_nothing_listening_is_a_wire_error() -> None:
+    w = Wire()
+    with (
+        pytest.raises(WireError),
+        w.post(f"http://127.0.0.1:{free_port()}", "/generate", b"{}", timeout_s=1, connect_timeout_s=1),
+    ):
+        pass
+    w.close()
+
+
+def test_a_closed_wire_opens_no_connection(server: tuple[str, Recorder]) -> None:
+    url, recorder = server
+    w = Wire()
+    w.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        post(w, url, BODY)
+    assert recorder.seen == []
+
+
+@pytest.mark.parametrize(
+    ("sampling", "streamed"),
+    [
+        ({"max_new_tokens": 8, "stream_interval": 8}, False),
+        ({"max_new_tokens": 9, "stream_interval": 8}, True),
+        ({"max_new_tokens": 8}, True),  # no interval set: the server's own
+        ({"stream_interval": 64}, True),  # no max_new_tokens: SGLang's default, 128, is more than 64
+        ({"stream_interval": 128}, False),
+    ],
+)
+def test_a_generation_that_fits_in_one_chunk_is_asked_for_whole_and_others_streamed(
+    server: tuple[str, Recorder], sampling: dict[str, Any], streamed: bool
+) -> None:
+    url, recorder = server
+    with SGLangClient() as client:
+        gen = client.generate(url, rid="r" * 32, sampling_params=sampling, input_ids=[1, 2])
+        again = client.generate(url, rid="s" * 32, sampling_params=sampling, input_ids=[1, 2])
+    expected = list(range(int(sampling.get("max_new_tokens", 128))))
+    assert gen.output_ids == again.output_ids == expected
+    assert [s.body["stream"] for s in recorder.seen] == [streamed, streamed]
+    assert len({s.port for s in recorder.seen}) == 1  # a stream read to its end leaves the connection kept

@@ -1,0 +1,230 @@
+"""``POST /generate`` on the wire: keep-alive HTTP/1.1 connections, one per thread and server.
+
+The data plane uses the standard library's ``http.client`` rather than httpx: a short generation is a
+small POST and a small answer, and per request httpx spent about 1 ms of CPU against http.client's 0.3-0.5
+(``python bench/http_clients.py``); with 64 generations in flight on a 2-core machine that millisecond was
+what kept the fleet below 0.9x of the anchor on short outputs (docs/performance.md). The control plane
+(``/abort_request``, ``/server_info``, health probes) stays on httpx.
+
+What a connection pool does for us otherwise, done here:
+
+- A connection is reused only when its last answer was read to the end and the server did not say
+  ``Connection: close``; a stream we stopped early is closed, which is also how the server learns to abort.
+- Before reuse, a connection the server has closed (or sent anything on) since is dropped: the socket is
+  readable when it should be silent. Idle connections are not kept past ``IDLE_REUSE_S``.
+- Credentials in the server URL (``http://user:pass@host``) become a Basic ``Authorization`` header, and a
+  path in it (``http://host/sglang``) prefixes the route, as httpx does.
+- Proxy variables (``HTTP_PROXY``) are not honoured: the fleet talks to its servers directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import select
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+#: A connection idle this long is not reused (servers close idle keep-alive connections: uvicorn after 5 s).
+IDLE_REUSE_S: Final = 2.0
+#: After the part of an answer that matters (a stream's final chunk), how long to wait for the rest.
+FINISH_READ_S: Final = 1.0
+#: Bytes asked of the socket per read of a streamed answer.
+READ_SIZE: Final = 65536
+
+#: What the wire raises for the connection's failures (a timeout is an ``OSError``).
+WireError = (OSError, http.client.HTTPException)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a server URL points: scheme, host, port, path prefix and the headers its URL implies."""
+
+    https: bool
+    host: str
+    port: int
+    prefix: str
+    headers: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, url: str) -> Endpoint:
+        parts = urlsplit(url)
+        https = parts.scheme.lower() == "https"
+        headers: list[tuple[str, str]] = [("Content-Type", "application/json")]
+        if parts.username is not None:
+            user_pass = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            headers.append(("Authorization", "Basic " + base64.b64encode(user_pass.encode()).decode()))
+        return cls(
+            https=https,
+            host=parts.hostname or "",
+            port=parts.port or (443 if https else 80),
+            prefix=parts.path.rstrip("/"),
+            headers=tuple(headers),
+        )
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request's response, and whether its caller read all it wanted of it."""
+
+    response: http.client.HTTPResponse
+    complete: bool = False
+
+
+@dataclass(slots=True)
+class _Idle:
+    connection: http.client.HTTPConnection
+    since: float
+
+
+class Wire:
+    """Thread-safe: each thread has its own connection to each server."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._endpoints: dict[str, Endpoint] = {}
+        self._open: set[http.client.HTTPConnection] = set()
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    @contextmanager
+    def post(
+        self, server: str, path: str, body: bytes, *, timeout_s: float, connect_timeout_s: float
+    ) -> Iterator[Exchange]:
+        """POST ``body`` (JSON) to ``server + path``; yields the exchange, its response's headers read.
+
+        Set ``Exchange.complete`` once the answer was read to its end, or all that matters of it was (the
+        rest is then read within ``FINISH_READ_S``): only then is the connection used again.
+        Raises ``WireError`` (``OSError`` or ``http.client.HTTPException``) for the connection's failures.
+        """
+        endpoint = self._endpoint(server)
+        connection = self._take(server, endpoint, connect_timeout_s)
+        reusable = False
+        try:
+            if connection.sock is not None:
+                connection.sock.settimeout(timeout_s)
+            connection.request("POST", endpoint.prefix + path, body=body, headers=dict(endpoint.headers))
+            exchange = Exchange(connection.getresponse())
+            yield exchange
+            reusable = exchange.complete and _read_to_end(connection, exchange.response)
+        finally:
+            if reusable:
+                self._give_back(server, connection)
+            else:
+                self._discard(connection)
+
+    def close(self) -> None:
+        """Close every connection (of every thread); later calls raise ``RuntimeError``."""
+        with self._lock:
+            self._closed = True
+            connections, self._open = self._open, set()
+        for connection in connections:
+            connection.close()
+
+    # --- connections ----------------------------------------------------------------------------
+
+    def _endpoint(self, server: str) -> Endpoint:
+        endpoint = self._endpoints.get(server)
+        if endpoint is None:
+            endpoint = self._endpoints[server] = Endpoint.of(server)
+        return endpoint
+
+    def _idle(self) -> dict[str, _Idle]:
+        idle: dict[str, _Idle] | None = getattr(self._local, "idle", None)
+        if idle is None:
+            idle = self._local.idle = {}
+        return idle
+
+    def _take(self, server: str, endpoint: Endpoint, connect_timeout_s: float) -> http.client.HTTPConnection:
+        kept = self._idle().pop(server, None)
+        if kept is not None:
+            if time.monotonic() - kept.since <= IDLE_REUSE_S and _still_open(kept.connection):
+                return kept.connection
+            self._discard(kept.connection)
+        connection: http.client.HTTPConnection
+        if endpoint.https:
+            connection = http.client.HTTPSConnection(
+                endpoint.host, endpoint.port, timeout=connect_timeout_s, context=self._ssl_context()
+            )
+        else:
+            connection = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=connect_timeout_s)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the SGLang client is closed")
+            self._open.add(connection)
+        try:
+            connection.connect()  # under the connect timeout; the request sets its own read timeout
+        except BaseException:
+            self._discard(connection)
+            raise
+        return connection
+
+    def _give_back(self, server: str, connection: http.client.HTTPConnection) -> None:
+        idle = self._idle()
+        previous = idle.pop(server, None)
+        if previous is not None:
+            self._discard(previous.connection)
+        idle[server] = _Idle(connection, time.monotonic())
+
+    def _discard(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._open.discard(connection)
+        connection.close()
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        with self._lock:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            return self._ssl
+
+
+def _read_to_end(connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> bool:
+    """Whether the connection can carry another request: the answer is read to its end (reading what is
+    left of it, such as a stream's ``data: [DONE]``, for at most ``FINISH_READ_S``) and the server keeps
+    the connection open."""
+    if response.will_close:
+        return False
+    if not response.isclosed():
+        try:
+            if connection.sock is not None:
+                connection.sock.settimeout(FINISH_READ_S)
+            response.read()
+        except WireError:
+            return False
+    return response.isclosed() and connection.sock is not None
+
+
+def _still_open(connection: http.client.HTTPConnection) -> bool:
+    """A kept connection's socket must have nothing to read: readable means closed by the server (or
+    garbage we would misread as the next answer)."""
+    sock = connection.sock
+    if sock is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
+
+
+def iter_lines(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The lines of a streamed (chunked or sized) answer, as they arrive, without their line ends."""
+    pending = b""
+    while True:
+        data = response.read1(READ_SIZE)
+        if not data:
+            break
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending.rstrip(b"\r")
