@@ -69,6 +69,58 @@ def bench_redis() -> Iterator[str]:
         client.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids() -> dict[int, str]:
+    """This process's children (pid -> command line), from ``/proc``."""
+    children: dict[int, str] = {}
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            children[int(pid)] = cmdline
+    return children
+
+
+class CpuMeter:
+    """CPU time spent by named groups of processes between ``start`` and ``stop``."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = groups
+        self._before: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in self.groups.items()}
+
+    def start(self) -> None:
+        self._before = self._now()
+
+    def stop(self) -> dict[str, float]:
+        after = self._now()
+        return {name: after[name] - self._before[name] for name in self.groups}
+
+
+def fleet_cpu_meter(redis_url: str) -> CpuMeter:
+    """A meter over this process (the anchor, or submit's producer), its worker and simulator children,
+    and the Redis server (local: its pid from INFO)."""
+    children = child_pids()
+    client = redis.Redis.from_url(redis_url)
+    redis_pid = int(client.info("server")["process_id"])
+    client.close()
+    return CpuMeter(
+        {
+            "this process (anchor / producer)": [os.getpid()],
+            # celery retitles its process: "[celeryd: NAME] ... (worker --concurrency=...)"
+            "worker processes": [pid for pid, cmd in children.items() if "worker" in cmd],
+            "simulator": [pid for pid, cmd in children.items() if "tokenfleet.sim" in cmd],
+            "redis-server": [redis_pid],
+        }
+    )
+
+
 @contextmanager
 def worker_processes(redis_url: str, processes: int, concurrency: int, logs: Path) -> Iterator[None]:
     logs.mkdir(parents=True, exist_ok=True)

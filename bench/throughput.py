@@ -28,7 +28,15 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import bench_redis, machine, median, print_table, sim_process, worker_processes
+from bench._common import (
+    bench_redis,
+    fleet_cpu_meter,
+    machine,
+    median,
+    print_table,
+    sim_process,
+    worker_processes,
+)
 from budget import Ledger
 from tests.integration.conftest import write_config
 from tokenfleet.config import load_config
@@ -44,6 +52,13 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     # at most 8 tokens per answer (7 and EOS)
     "short": {"sim": {"fixed_output_len": 7}, "requests": 6000, "max_new_tokens": 8},
 }
+
+
+CPU_PREFIX = "cpu_ms_per_request: "
+
+
+def per_request(cpu_s: dict[str, float], requests: int) -> dict[str, float]:
+    return {CPU_PREFIX + name: seconds * 1000 / requests for name, seconds in cpu_s.items()}
 
 
 def prompts(n: int, seed: int) -> list[list[int]]:
@@ -154,13 +169,17 @@ def main() -> int:
             worker_processes(redis_url, args.fleet_processes, threads, Path(tmp) / "logs"),
         ):
             runs: dict[str, list[dict[str, float]]] = {"anchor": [], "fleet": []}
+            meter = fleet_cpu_meter(redis_url)
             for i in range(args.repeats):
                 rows = prompts(w["requests"], seed=100 + i)
+                meter.start()
                 runs["anchor"].append(
                     asyncio.run(
                         anchor(url, rows, args.inflight, w["max_new_tokens"], Path(tmp) / f"anchor{i}.jsonl")
                     )
                 )
+                runs["anchor"][-1] |= per_request(meter.stop(), len(rows))
+                meter.start()
                 runs["fleet"].append(
                     fleet(
                         url,
@@ -172,6 +191,7 @@ def main() -> int:
                         args.samples_per_task,
                     )
                 )
+                runs["fleet"][-1] |= per_request(meter.stop(), len(rows))
                 for who in ("anchor", "fleet"):
                     r = runs[who][-1]
                     tok, req = r["tokens_per_s"], r["requests_per_s"]
@@ -193,6 +213,13 @@ def main() -> int:
                     f"{median(ratios):.3f}",
                 ]
             )
+    cpu_rows = [
+        [workload, key.removeprefix(CPU_PREFIX)]
+        + [f"{median([r[key] for r in raw[workload][who]]):.3f}" for who in ("anchor", "fleet")]
+        for workload in names
+        for key in raw[workload]["anchor"][0]
+        if key.startswith(CPU_PREFIX)
+    ]
     print(
         f"\nmachine: {machine()}; N = {args.inflight} in flight; fleet: {args.fleet_processes} worker "
         f"processes x {threads} threads x {args.samples_per_task} samples per task; "
@@ -201,6 +228,8 @@ def main() -> int:
     )
     headers = ["workload", "metric", "anchor", "fleet", "ratio of medians", "median of paired ratios"]
     print_table(headers, rows_out)
+    print("\nCPU per request (ms; medians), by process, while each side ran:\n")
+    print_table(["workload", "process", "anchor run", "fleet run"], cpu_rows)
     if args.json:
         args.json.write_text(json.dumps({"headers": headers, "rows": rows_out, "raw": raw}, indent=1))
     return 0
