@@ -1,7 +1,8 @@
 """CPU per ``POST /generate`` for the HTTP clients a worker could use, against the simulator.
 
 Why the data plane (workers/sglang/wire.py) uses http.client and not httpx: one thread posts short
-generations (8 tokens, answered whole) one after another; the figure is this process's CPU time per
+generations (8 tokens) one after another, the raw clients asking for whole answers and SGLangClient
+streaming them as the workers do; the figure is this process's CPU time per
 request (``time.process_time``), the median of the repeats, and its ratio to httpx's.
 
     python bench/http_clients.py
@@ -72,7 +73,7 @@ def main() -> int:
         candidates: dict[str, Callable[[], object]] = {
             "httpx.Client.post (baseline)": via_httpx,
             "wire.Wire.post (http.client)": via_wire,
-            "SGLangClient.generate (wire + parsing)": via_sglang_client,
+            "SGLangClient.generate (wire, streamed)": via_sglang_client,
         }
         for i in range(args.repeats):
             for name, post in candidates.items():

@@ -120,15 +120,6 @@ class StreamAccumulator:
         return len(self.output_ids) - before
 
 
-def answers_in_one_chunk(sampling_params: dict[str, Any]) -> bool:
-    """Whether a stream of this generation would carry all of it in its final chunk: at most
-    ``stream_interval`` tokens. Our budget checks run per chunk, so such a generation cannot be stopped
-    part way either way; streaming it would only cost the server SSE framing and us the parsing."""
-    interval = sampling_params.get("stream_interval")
-    max_new = sampling_params.get("max_new_tokens", protocol.SGLANG_DEFAULT_MAX_NEW_TOKENS)
-    return interval is not None and max_new is not None and int(max_new) <= int(interval)
-
-
 def _describe(error: BaseException) -> str:
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -231,16 +222,12 @@ class SGLangClient:
         timeout_s: float = 1800.0,
         on_tokens: OnTokens | None = None,
     ) -> Generation:
-        """One generation from ``server``, streamed: ``on_tokens`` sees each chunk's new tokens (but the
+        """Stream one generation from ``server``. ``on_tokens`` sees each chunk's new tokens (but the
         last's) and may stop it.
-
-        A generation that fits in one chunk (``answers_in_one_chunk``) is asked for whole: a stream would
-        carry it in its final chunk anyway, and ``on_tokens`` is never called for a final chunk.
 
         Raises ``RequestRejected``, ``ServerUnavailable`` or ``ProtocolError``.
         """
-        whole = answers_in_one_chunk(sampling_params)
-        payload: dict[str, Any] = {"rid": rid, "sampling_params": sampling_params, "stream": not whole}
+        payload: dict[str, Any] = {"rid": rid, "sampling_params": sampling_params, "stream": True}
         if input_ids is not None:
             payload["input_ids"] = input_ids
         else:
@@ -258,24 +245,14 @@ class SGLangClient:
             ) as exchange:
                 response = exchange.response
                 if response.status != 200:
-                    error_body = response.read()
-                    exchange.complete = True
-                    _raise_for_status(server, response.status, error_body)
-                if whole:
-                    # A timeout closes the connection, and the server aborts a request whose client left.
-                    answer = orjson.loads(response.read())
-                    exchange.complete = True
-                    if not isinstance(answer, dict):
-                        raise ServerUnavailable(f"{server}: the answer is not a JSON object", server=server)
-                    acc.feed(answer)
-                else:
-                    stopped = self._read_stream(server, rid, response, acc, deadline, on_tokens)
-                    # A stream we stopped is closed with its connection: that aborts it on the server.
-                    exchange.complete = not stopped
+                    _raise_for_status(server, response.status, response.read())
+                stopped = self._read_stream(server, rid, response, acc, deadline, on_tokens)
+                # A stream we stopped is closed with its connection: that aborts it on the server.
+                exchange.complete = not stopped
         except WireError as e:
             raise ServerUnavailable(f"{server}: {_describe(e)}", server=server) from None
         except orjson.JSONDecodeError as e:
-            raise ServerUnavailable(f"{server}: malformed answer: {e}", server=server) from None
+            raise ServerUnavailable(f"{server}: malformed stream chunk: {e}", server=server) from None
         if not acc.finished and not stopped:
             raise ServerUnavailable(
                 f"{server}: the stream ended before the generation finished", server=server

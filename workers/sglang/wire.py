@@ -25,6 +25,7 @@ import select
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -90,7 +91,8 @@ class Wire:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._endpoints: dict[str, Endpoint] = {}
-        self._open: set[http.client.HTTPConnection] = set()
+        # Weak: the connections of a thread that ended go with its thread-local data.
+        self._open: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
 
@@ -124,7 +126,7 @@ class Wire:
         """Close every connection (of every thread); later calls raise ``RuntimeError``."""
         with self._lock:
             self._closed = True
-            connections, self._open = self._open, set()
+            connections, self._open = list(self._open), weakref.WeakSet()
         for connection in connections:
             connection.close()
 
