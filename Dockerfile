@@ -2,6 +2,7 @@
 # One image for every tokenfleet service in compose.yaml: workers, producer, Flower, metrics, simulator.
 #
 #   docker build -t tokenfleet:local .
+#   docker build --build-arg EXTRAS=eagle -t tokenfleet:local .   # with the EAGLE-3 extra
 #
 # Layers, from least to most often changed: the pinned dependencies (rebuilt only when pyproject.toml or
 # constraints.txt change), then tokenfleet itself.
@@ -15,10 +16,13 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /build
-COPY pyproject.toml constraints.txt ./
-# The runtime dependencies pyproject.toml names, at the versions constraints.txt pins.
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-      > requirements.txt \
+COPY pyproject.toml constraints.txt scripts/image_requirements.py ./
+# Optional extras to install too, e.g. "eagle" (chat templates, Parquet and HF datasets: docs/eagle3.md);
+# compose passes TOKENFLEET_EXTRAS.
+ARG EXTRAS=""
+# The runtime dependencies pyproject.toml names (and the extras'), runtime ones at the versions
+# constraints.txt pins.
+RUN python image_requirements.py pyproject.toml "${EXTRAS}" > requirements.txt \
  && pip wheel --no-cache-dir --wheel-dir /wheels -r requirements.txt -c constraints.txt \
  && cp requirements.txt constraints.txt /wheels/
 

@@ -644,3 +644,9 @@ def test_the_metrics_service_serves_the_jobs_ledger(stack: LocalStack) -> None:
 
     assert names and tokens == {n: float(ledger.snapshot(n).tokens) for n in names}
     ledger.client.close()
+
+
+def test_compose_builds_the_image_with_the_extras_named_in_the_environment() -> None:
+    build = load_compose()["x-tokenfleet"]["build"]
+    assert build["context"] == "."
+    assert build["args"]["EXTRAS"] == "${TOKENFLEET_EXTRAS:-}"
