@@ -54,7 +54,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from budget.location import DEFAULT_REDIS_URL, REDIS_URL_ENV
+from budget.location import DEFAULT_REDIS_URL, REDIS_URL_ENV, redact_url
 from producer.formats import Format
 from producer.source import SourceError, check_source
 from workers.sglang.protocol import (
@@ -146,31 +146,6 @@ class ConfigError(Exception):
 
 
 # ------------------------------------------------------------------------------------------ redaction
-
-_SECRET_QUERY_RE: Final = re.compile(
-    r"([?&;](?:password|passwd|pass|pwd|secret|token|access_token|auth)=)[^&;#]*", re.IGNORECASE
-)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``: ``redis://user:***@host:6379/0``.
-
-    Also masks ``password=``-style query parameters (redis-py honours ``?password=``). Never raises;
-    when in doubt it masks more rather than less. Use it for every URL that reaches a log or a status.
-    """
-    sep = url.find("://")
-    if sep < 0:
-        return _SECRET_QUERY_RE.sub(r"\1***", url)
-    start = sep + 3
-    # rfind: a password may itself hold "@" or "/"; masking a little too much beats leaking.
-    at = url.rfind("@", start)
-    if at >= 0:
-        userinfo = url[start:at]
-        user, colon, _password = userinfo.partition(":")
-        if colon:
-            url = f"{url[:start]}{user}:***{url[at:]}"
-    return _SECRET_QUERY_RE.sub(r"\1***", url)
-
 
 # ------------------------------------------------------------------------------------------ validators
 

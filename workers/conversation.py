@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from budget.location import redact_url
 from producer.chat import ChatError, ChatTokenizer, count_replies, load_chat_tokenizer, prompt_messages
 from workers.rids import new_rid
 from workers.sglang.client import Generation, OnTokens, ProtocolError, RequestRejected, SGLangClient
@@ -177,7 +178,7 @@ class Conversation:
                 "finish_reason": g.finish_reason,
                 "completion_tokens": g.completion_tokens,
                 "rid": g.rid,
-                "server": g.server,
+                "server": redact_url(g.server),
                 "in_context": _in_context(prompts, gens, i),
             }
             for i, (prompt, g, content) in enumerate(zip(prompts, gens, contents, strict=True))

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from budget import Admission, Ledger, Progress
 from budget.ledger import DatasetState
+from budget.location import redact_url
 from workers.aborts import DatasetAborter
 from workers.conversation import Conversation, record_fields
 from workers.leases import Lease, LeaseKeeper
@@ -173,7 +174,9 @@ class SampleRunner:
                 verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
                 if verdict is not Progress.CONTINUE or lease.lost.is_set():
                     return self._stopped(dataset, sample, sid, attempt, spec, gen, verdict, state)
-                last_error = ServerUnavailable(f"{server}: aborted by the server: {gen.finish_reason}")
+                last_error = ServerUnavailable(
+                    f"{redact_url(server)}: aborted by the server: {gen.finish_reason}"
+                )
                 last_server = server
                 self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
                 continue
@@ -237,7 +240,7 @@ class SampleRunner:
             "line_no": sample.get("line_no"),
             "attempt": attempt,
             "rid": gen.rid,
-            "server": gen.server,
+            "server": redact_url(gen.server),
             "created_at": time.time(),
         }
         record.update(record_fields(sample, gen))

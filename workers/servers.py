@@ -35,6 +35,7 @@ import redis
 from budget import LedgerError
 from budget.servers import ServerLedger, ServerOutcome
 from workers.sglang.protocol import HEALTH_PATH
+from workers.sglang.wire import tls_context
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class ServerPicker:
         self._probing: set[str] = set()
         self._local = threading.local()  # .pending: (server, ended_ms) of this thread's last generation
         self._freed = threading.Condition()  # notified when this process gives a slot back
-        self._http = httpx.Client(timeout=probe_interval_s)
+        self._http = httpx.Client(timeout=probe_interval_s, verify=tls_context())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

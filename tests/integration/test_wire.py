@@ -20,8 +20,9 @@ import orjson
 import pytest
 
 from tokenfleet.local import free_port
+from workers.sglang import client as client_module
 from workers.sglang import wire as wire_module
-from workers.sglang.client import SGLangClient
+from workers.sglang.client import ServerUnavailable, SGLangClient
 from workers.sglang.wire import Wire, WireError
 
 
@@ -40,6 +41,9 @@ class Recorder:
     seen: list[Seen] = field(default_factory=list)
     close_after_answer: bool = False  # drop the connection after answering, without saying so
     delay_s: float = 0.0
+    stall_s: float = 0.0  # a stream stops this long after its first chunk (an abort does not end it)
+    chunks: list[bytes] | None = None  # raw SSE events to stream instead of the planned answer
+    aborts: list[str] = field(default_factory=list)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -48,6 +52,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path.endswith("/abort_request"):
+            self.recorder.aborts.append(body["rid"])
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.recorder.seen.append(
             Seen(self.client_address[1], self.path, {k.lower(): v for k, v in self.headers.items()}, body)
         )
@@ -72,8 +82,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "output_ids": ids[: len(ids) // 2],
                 "meta_info": {"completion_tokens": len(ids) // 2, "finish_reason": None},
             }
-            for event in (half, final):
-                self._chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+            events = self.recorder.chunks or [b"data: " + orjson.dumps(e) + b"\n\n" for e in (half, final)]
+            for n, event in enumerate(events):
+                self._chunk(event)
+                self.wfile.flush()
+                if n == 0 and self.recorder.stall_s:
+                    time.sleep(self.recorder.stall_s)
+                    return
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
         else:
@@ -94,11 +109,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hung up mid-stream is what some tests do
+
+
 @contextmanager
 def serving(tls: ssl.SSLContext | None = None) -> Iterator[tuple[str, Recorder]]:
     recorder = Recorder()
     handler = type("Handler", (_Handler,), {"recorder": recorder})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    httpd = _QuietServer(("127.0.0.1", free_port()), handler)
     if tls is not None:
         httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -293,3 +313,52 @@ def test_generations_stream_over_one_kept_connection(server: tuple[str, Recorder
     assert [g.output_ids for g in gens] == [list(range(8))] * 3
     assert [s.body["stream"] for s in recorder.seen] == [True] * 3
     assert len({s.port for s in recorder.seen}) == 1  # each stream read to its end: the connection kept
+
+
+def test_a_stopped_stream_whose_server_never_ends_it_is_cut_after_the_abort_grace(
+    server: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server takes the abort (200) but keeps the stream open: the read must not wait for the request
+    timeout (20 s here), only for the grace; the connection is then closed, not reused."""
+    url, recorder = server
+    recorder.stall_s = 30.0
+    monkeypatch.setattr(client_module, "ABORT_GRACE_S", 0.3)
+    with SGLangClient() as client:
+        started = time.monotonic()
+        gen = client.generate(
+            url,
+            rid="a" * 32,
+            sampling_params={"max_new_tokens": 8, "stream_interval": 4},
+            input_ids=[1, 2],
+            timeout_s=20,
+            on_tokens=lambda n: False,
+        )
+        elapsed = time.monotonic() - started
+        recorder.stall_s = 0.0
+        client.generate(url, rid="b" * 32, sampling_params={"max_new_tokens": 4}, input_ids=[1])
+    assert elapsed < 5, elapsed
+    assert recorder.aborts == ["a" * 32]
+    assert gen.stopped_by_us and gen.aborted and gen.output_ids == [0, 1, 2, 3]
+    generate_ports = [s.port for s in recorder.seen]
+    assert len(generate_ports) == 2 and generate_ports[0] != generate_ports[1]
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [b"data: 5\n\n", b"data: [1, 2]\n\n", b'data: {"error": {"code": "oops", "message": "x"}}\n\n'],
+)
+def test_a_malformed_stream_chunk_is_a_server_failure_not_a_crash(
+    server: tuple[str, Recorder], chunk: bytes
+) -> None:
+    url, recorder = server
+    recorder.chunks = [chunk]
+    with SGLangClient() as client, pytest.raises(ServerUnavailable):
+        client.generate(url, rid="c" * 32, sampling_params={"max_new_tokens": 4}, input_ids=[1])
+
+
+def test_errors_name_the_server_without_its_password() -> None:
+    url = f"http://fleet:hunter2@127.0.0.1:{free_port()}"
+    with SGLangClient() as client, pytest.raises(ServerUnavailable) as caught:
+        client.generate(url, rid="d" * 32, sampling_params={"max_new_tokens": 4}, input_ids=[1], timeout_s=2)
+    assert "hunter2" not in caught.value.message
+    assert "fleet:***@127.0.0.1" in caught.value.message

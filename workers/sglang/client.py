@@ -12,7 +12,6 @@ sglang < 0.5.2). A 200 can still be an abort: callers read ``Generation.finish_r
 from __future__ import annotations
 
 import contextlib
-import http.client
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,8 +20,9 @@ from typing import Any, Final
 import httpx
 import orjson
 
+from budget.location import redact_url
 from workers.sglang import protocol
-from workers.sglang.wire import Wire, WireError, iter_lines
+from workers.sglang.wire import Exchange, Wire, WireError, iter_lines, tls_context
 
 #: After asking the server to abort, how long to keep reading for its final chunk (the exact partial
 #: output) before closing the stream ourselves.
@@ -120,6 +120,15 @@ class StreamAccumulator:
         return len(self.output_ids) - before
 
 
+def _error_status(error: Any) -> int:
+    """The HTTP status an in-stream error chunk carries (500 when it names none we can read)."""
+    status = error.get("code") or error.get("status_code") if isinstance(error, dict) else None
+    try:
+        return int(status or 500)
+    except (TypeError, ValueError):
+        return 500
+
+
 def _describe(error: BaseException) -> str:
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -165,6 +174,7 @@ class SGLangClient:
         self._http = httpx.Client(
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             headers={"Content-Type": "application/json"},
+            verify=tls_context(),  # the wire's certificate authorities, not certifi's
         )
         self._wire = Wire()
 
@@ -184,7 +194,7 @@ class SGLangClient:
         try:
             r = self._http.get(server + path, timeout=timeout_s)
         except httpx.HTTPError as e:
-            raise ServerUnavailable(f"{server}: {type(e).__name__}: {e}", server=server) from None
+            raise ServerUnavailable(f"{redact_url(server)}: {type(e).__name__}: {e}", server=server) from None
         _raise_for_status(server, r.status_code, r.content)
         data: dict[str, Any] = orjson.loads(r.content)
         return data
@@ -246,16 +256,18 @@ class SGLangClient:
                 response = exchange.response
                 if response.status != 200:
                     _raise_for_status(server, response.status, response.read())
-                stopped = self._read_stream(server, rid, response, acc, deadline, on_tokens)
+                stopped = self._read_stream(server, rid, exchange, acc, deadline, on_tokens)
                 # A stream we stopped is closed with its connection: that aborts it on the server.
                 exchange.complete = not stopped
         except WireError as e:
-            raise ServerUnavailable(f"{server}: {_describe(e)}", server=server) from None
+            raise ServerUnavailable(f"{redact_url(server)}: {_describe(e)}", server=server) from None
         except orjson.JSONDecodeError as e:
-            raise ServerUnavailable(f"{server}: malformed stream chunk: {e}", server=server) from None
+            raise ServerUnavailable(
+                f"{redact_url(server)}: malformed stream chunk: {e}", server=server
+            ) from None
         if not acc.finished and not stopped:
             raise ServerUnavailable(
-                f"{server}: the stream ended before the generation finished", server=server
+                f"{redact_url(server)}: the stream ended before the generation finished", server=server
             )
         meta = acc.meta_info
         finish = meta.get("finish_reason")
@@ -277,7 +289,7 @@ class SGLangClient:
         self,
         server: str,
         rid: str,
-        response: http.client.HTTPResponse,
+        exchange: Exchange,
         acc: StreamAccumulator,
         deadline: float,
         on_tokens: OnTokens | None,
@@ -285,24 +297,36 @@ class SGLangClient:
         """Reads chunks into ``acc``; returns True when we stopped the generation (the caller then closes
         the connection, which aborts the request on the server if it is still running)."""
         stop_deadline: float | None = None
-        for chunk in _iter_events(iter_lines(response)):
-            if "error" in chunk and "meta_info" not in chunk:
-                err = chunk["error"]
-                status = err.get("code") or err.get("status_code") if isinstance(err, dict) else None
-                _raise_for_status(server, int(status or 500), orjson.dumps(chunk))
-            new = acc.feed(chunk)
-            if acc.finished:
-                return stop_deadline is not None
-            now = time.monotonic()
-            if stop_deadline is not None:
-                if now > stop_deadline:
-                    return True  # the server sent no final chunk in time: closing the stream aborts it
-                continue
-            if now > deadline:
-                self.abort(server, rid)
-                raise ServerUnavailable(f"{server}: no answer within the request timeout", server=server)
-            if on_tokens is not None and new and not on_tokens(new):
-                if not self.abort(server, rid):
-                    return True  # no abort endpoint (a router): closing the stream is what aborts it
-                stop_deadline = now + ABORT_GRACE_S
+        try:
+            for chunk in _iter_events(iter_lines(exchange.response)):
+                if not isinstance(chunk, dict):
+                    raise ServerUnavailable(
+                        f"{redact_url(server)}: a stream chunk that is not a JSON object", server=server
+                    )
+                if "error" in chunk and "meta_info" not in chunk:
+                    _raise_for_status(server, _error_status(chunk["error"]), orjson.dumps(chunk))
+                new = acc.feed(chunk)
+                if acc.finished:
+                    return stop_deadline is not None
+                now = time.monotonic()
+                if stop_deadline is not None:
+                    if now > stop_deadline:
+                        return True  # the server sent no final chunk in time: closing the stream aborts it
+                    continue
+                if now > deadline:
+                    self.abort(server, rid)
+                    raise ServerUnavailable(
+                        f"{redact_url(server)}: no answer within the request timeout", server=server
+                    )
+                if on_tokens is not None and new and not on_tokens(new):
+                    if not self.abort(server, rid):
+                        return True  # no abort endpoint (a router): closing the stream is what aborts it
+                    stop_deadline = now + ABORT_GRACE_S
+                    # A read must not outwait the grace (the server took the abort but may never end
+                    # the stream, e.g. it does not know the rid): the socket's timeout says so.
+                    exchange.set_read_timeout(ABORT_GRACE_S)
+        except TimeoutError:
+            if stop_deadline is None:
+                raise
+            return True
         return stop_deadline is not None

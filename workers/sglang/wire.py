@@ -20,8 +20,10 @@ What a connection pool does for us otherwise, done here:
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import select
+import socket
 import ssl
 import threading
 import time
@@ -75,7 +77,13 @@ class Exchange:
     """One request's response, and whether its caller read all it wanted of it."""
 
     response: http.client.HTTPResponse
+    connection: http.client.HTTPConnection
     complete: bool = False
+
+    def set_read_timeout(self, seconds: float) -> None:
+        """From now on a read that waits longer than ``seconds`` raises ``TimeoutError``."""
+        if self.connection.sock is not None:
+            self.connection.sock.settimeout(seconds)
 
 
 @dataclass(slots=True)
@@ -113,7 +121,7 @@ class Wire:
             if connection.sock is not None:
                 connection.sock.settimeout(timeout_s)
             connection.request("POST", endpoint.prefix + path, body=body, headers=dict(endpoint.headers))
-            exchange = Exchange(connection.getresponse())
+            exchange = Exchange(connection.getresponse(), connection)
             yield exchange
             reusable = exchange.complete and _read_to_end(connection, exchange.response)
         finally:
@@ -123,12 +131,13 @@ class Wire:
                 self._discard(connection)
 
     def close(self) -> None:
-        """Close every connection (of every thread); later calls raise ``RuntimeError``."""
+        """Close every connection (of every thread; a stream being read ends with an error at once);
+        later calls raise ``RuntimeError``."""
         with self._lock:
             self._closed = True
             connections, self._open = list(self._open), weakref.WeakSet()
         for connection in connections:
-            connection.close()
+            _hang_up(connection)
 
     # --- connections ----------------------------------------------------------------------------
 
@@ -166,6 +175,9 @@ class Wire:
         except BaseException:
             self._discard(connection)
             raise
+        if self._closed:  # closed while we connected: close() did not see this connection
+            self._discard(connection)
+            raise RuntimeError("the SGLang client is closed")
         return connection
 
     def _give_back(self, server: str, connection: http.client.HTTPConnection) -> None:
@@ -183,8 +195,24 @@ class Wire:
     def _ssl_context(self) -> ssl.SSLContext:
         with self._lock:
             if self._ssl is None:
-                self._ssl = ssl.create_default_context()
+                self._ssl = tls_context()
             return self._ssl
+
+
+def tls_context() -> ssl.SSLContext:
+    """How https servers are verified, by the wire and by the control plane's httpx clients alike: the
+    system's certificate authorities (``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` honoured)."""
+    return ssl.create_default_context()
+
+
+def _hang_up(connection: http.client.HTTPConnection) -> None:
+    """Close ``connection`` even while another thread reads from it: shut the socket down first (closing
+    alone waits for the reader, whose response still holds the socket)."""
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    connection.close()
 
 
 def _read_to_end(connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> bool:
