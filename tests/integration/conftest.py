@@ -285,3 +285,31 @@ def private_fleet(tmp_path: Path) -> Iterator[Callable[..., PrivateFleet]]:
     yield make
     for fleet in made:
         fleet.close()
+
+
+def self_signed_certificate(folder: Path) -> Path:
+    """``folder/cert.pem``, a self-signed certificate for 127.0.0.1 made with openssl (its key beside it,
+    ``key.pem``); the caller checks that openssl is on this machine."""
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(folder / "key.pem"),
+            "-out",
+            str(folder / "cert.pem"),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return folder / "cert.pem"

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import WORKER_ENV, Sim, read_jsonl, unique, write_config
+from tests.integration.conftest import (
+    WORKER_ENV,
+    Sim,
+    read_jsonl,
+    self_signed_certificate,
+    unique,
+    write_config,
+)
 from tokenfleet.cli import main
 from tokenfleet.export import export_dataset
 from tokenfleet.local import free_port, redis_answers, start_worker, stop_process, wait_for_workers
@@ -36,28 +43,7 @@ def tls_redis(tmp_path: Path) -> Iterator[str]:
         pytest.skip("no redis-server with TLS support, or no openssl, on this machine")
     certs = tmp_path / "tls"
     certs.mkdir()
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(certs / "key.pem"),
-            "-out",
-            str(certs / "cert.pem"),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    self_signed_certificate(certs)
     port = free_port()
     proc = subprocess.Popen(
         [

@@ -7,7 +7,6 @@ import base64
 import http.server
 import shutil
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.integration.conftest import self_signed_certificate
 from tokenfleet.local import free_port
 from workers.sglang import client as client_module
 from workers.sglang import wire as wire_module
@@ -141,29 +141,7 @@ def certificate(tmp_path: Path) -> Path:
     """A self-signed certificate for 127.0.0.1 (its key beside it, ``key.pem``)."""
     if shutil.which("openssl") is None:
         pytest.skip("no openssl on this machine")
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(tmp_path / "key.pem"),
-            "-out",
-            str(tmp_path / "cert.pem"),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return tmp_path / "cert.pem"
+    return self_signed_certificate(tmp_path)
 
 
 def post(w: Wire, url: str, body: dict[str, Any], *, complete: bool = True) -> bytes:

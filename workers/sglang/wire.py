@@ -82,8 +82,7 @@ class Exchange:
 
     def set_read_timeout(self, seconds: float) -> None:
         """From now on a read that waits longer than ``seconds`` raises ``TimeoutError``."""
-        if self.connection.sock is not None:
-            self.connection.sock.settimeout(seconds)
+        _set_timeout(self.connection, seconds)
 
 
 @dataclass(slots=True)
@@ -118,8 +117,7 @@ class Wire:
         connection = self._take(server, endpoint, connect_timeout_s)
         reusable = False
         try:
-            if connection.sock is not None:
-                connection.sock.settimeout(timeout_s)
+            _set_timeout(connection, timeout_s)
             connection.request("POST", endpoint.prefix + path, body=body, headers=dict(endpoint.headers))
             exchange = Exchange(connection.getresponse(), connection)
             yield exchange
@@ -166,26 +164,21 @@ class Wire:
             )
         else:
             connection = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=connect_timeout_s)
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the SGLang client is closed")
-            self._open.add(connection)
         try:
             connection.connect()  # under the connect timeout; the request sets its own read timeout
         except BaseException:
-            self._discard(connection)
+            connection.close()
             raise
-        if self._closed:  # closed while we connected: close() did not see this connection
-            self._discard(connection)
-            raise RuntimeError("the SGLang client is closed")
-        return connection
+        with self._lock:  # registered only now: close() may have run while we connected
+            if not self._closed:
+                self._open.add(connection)
+                return connection
+        connection.close()
+        raise RuntimeError("the SGLang client is closed")
 
     def _give_back(self, server: str, connection: http.client.HTTPConnection) -> None:
-        idle = self._idle()
-        previous = idle.pop(server, None)
-        if previous is not None:
-            self._discard(previous.connection)
-        idle[server] = _Idle(connection, time.monotonic())
+        # _take popped this thread's kept connection to ``server``: the place is free.
+        self._idle()[server] = _Idle(connection, time.monotonic())
 
     def _discard(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -203,6 +196,11 @@ def tls_context() -> ssl.SSLContext:
     """How https servers are verified, by the wire and by the control plane's httpx clients alike: the
     system's certificate authorities (``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` honoured)."""
     return ssl.create_default_context()
+
+
+def _set_timeout(connection: http.client.HTTPConnection, seconds: float) -> None:
+    if connection.sock is not None:
+        connection.sock.settimeout(seconds)
 
 
 def _hang_up(connection: http.client.HTTPConnection) -> None:
@@ -223,8 +221,7 @@ def _read_to_end(connection: http.client.HTTPConnection, response: http.client.H
         return False
     if not response.isclosed():
         try:
-            if connection.sock is not None:
-                connection.sock.settimeout(FINISH_READ_S)
+            _set_timeout(connection, FINISH_READ_S)
             response.read()
         except WireError:
             return False
