@@ -15,6 +15,11 @@ PREFIX: Final = "tf"
 #: Set of every registered dataset name.
 DATASETS_SET: Final = f"{PREFIX}:datasets:set"
 
+#: Pub/sub channel: a message (the dataset's name) each time a dataset may have to stop its in-flight
+#: generations (revoked, paused, its budget reached or lowered). Every worker process listens and aborts
+#: its own requests of that dataset by their rids (``workers/stops.py``).
+STOPS_CHANNEL: Final = f"{PREFIX}:stops:channel"
+
 #: Hash worker name -> JSON heartbeat (version, code fingerprint, concurrency, last seen), for status.
 WORKERS_HASH: Final = f"{PREFIX}:workers:hash"
 

@@ -14,7 +14,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from budget.errors import LedgerUnavailable, UnknownDataset
-from budget.keys import DATASETS_SET, WORKERS_HASH, DatasetKeys, dataset_keys
+from budget.keys import DATASETS_SET, STOPS_CHANNEL, WORKERS_HASH, DatasetKeys, dataset_keys
 from budget.scripts import register_scripts
 
 #: How long a generation's lease lives without renewal. A worker renews it every few seconds; a killed
@@ -122,6 +122,8 @@ class DatasetSnapshot:
     #: Tokens generated and samples committed per second, over the last ``RATE_WINDOW_S``.
     tokens_per_s: float = 0.0
     samples_per_s: float = 0.0
+    #: A worker cannot write this dataset's output (disk full, read-only...): "host:pid: problem".
+    output_error: str = ""
 
     @property
     def settled(self) -> bool:
@@ -231,6 +233,8 @@ class Ledger:
         state: str = self._run("set_state", [dataset_keys(name).ledger_hash], [action])
         if state == "unknown":
             raise UnknownDataset(name)
+        if state in (DatasetState.PAUSED, DatasetState.REVOKED):
+            self.announce_stop(name)
         return state
 
     def pause(self, name: str) -> str:
@@ -256,7 +260,42 @@ class Ledger:
         )
         if state == "unknown":
             raise UnknownDataset(name)
+        self.announce_stop(name)  # a lowered budget may stop what runs now
         return state
+
+    @_translate_errors
+    def report_output_problem(self, name: str, reporter: str, problem: str) -> bool:
+        """A worker cannot write ``name``'s output (``problem``), or can again (``""``: clears only the
+        reporter's own). See ``budget/lua/output_problem.lua``."""
+        return bool(self._run("output_problem", [dataset_keys(name).ledger_hash], [reporter, problem]))
+
+    # --- stopping in-flight generations -------------------------------------------------------------
+
+    @_translate_errors
+    def announce_stop(self, name: str) -> None:
+        """Tell every worker process that ``name`` may have to stop its in-flight generations. Each
+        checks ``stop_reasons`` (the ledger decides) before aborting anything, so a spurious message costs
+        one read. Pub/sub is fire-and-forget: watchers also poll, so a lost message only delays a stop."""
+        self.client.publish(STOPS_CHANNEL, name)
+
+    def subscribe_stops(self) -> redis.client.PubSub:
+        """A pub/sub connection listening to ``announce_stop``."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(STOPS_CHANNEL)
+        return pubsub
+
+    @_translate_errors
+    def stop_reasons(self, names: Iterable[str]) -> dict[str, str]:
+        """For each dataset, why its in-flight generations must stop now (``revoked``, ``paused``,
+        ``budget``, ``unknown``), or ``""`` to go on (``budget/lua/stop_check.lua``). One round trip."""
+        names = list(names)
+        if not names:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        script = self._scripts["stop_check"]
+        for name in names:
+            script(keys=[dataset_keys(name).ledger_hash], args=[], client=pipe)
+        return {name: str(reason) for name, reason in zip(names, pipe.execute(), strict=True)}
 
     # --- producer -------------------------------------------------------------------------------
 
@@ -338,6 +377,10 @@ class Ledger:
             k.for_lua("ledger_hash", "lease_zset", "lease_owner_hash", "live_hash", "rate_tokens_hash"),
             [sample_id, attempt, new_tokens, lease_ms],
         )
+        if action == Progress.STOP and new_tokens > 0:
+            # This chunk may be the one that reached the budget: the dataset's other streams, in every
+            # worker process, stop now rather than at their own next chunk.
+            self.announce_stop(name)
         return Progress(action), state
 
     @_translate_errors
@@ -526,6 +569,7 @@ class Ledger:
             source_done=bool(n("source_done")),
             tokens_per_s=n("rate_tokens") / max(1, n("rate_span_s")),
             samples_per_s=n("rate_samples") / max(1, n("rate_span_s")),
+            output_error=f"{f['output_error_by']}: {f['output_error']}" if f.get("output_error") else "",
         )
 
     @_translate_errors

@@ -18,6 +18,8 @@ SCRIPT_NAMES: Final = (
     "unqueue",
     "admit",
     "progress",
+    "stop_check",
+    "output_problem",
     "renew",
     "commit",
     "fail",

@@ -45,6 +45,7 @@ __all__ = [
     "derive_sample_id",
     "first_record",
     "iter_source",
+    "out_of_vocabulary",
     "parse_line",
 ]
 
@@ -167,6 +168,12 @@ class SourceOptions:
     #: rejected at submit, with its line, instead of failing on the server.
     context_length: int | None = None
     max_new_tokens: int | None = None
+    #: The longest prompt the servers' schedulers take (``max_req_input_len``): a longer one would be
+    #: aborted with status 400 after it was queued.
+    max_input_len: int | None = None
+    #: The model's vocabulary size: an id outside ``[0, vocab_size)`` crashes a real SGLang server (every
+    #: process exits), so such a line is rejected here and never sent.
+    vocab_size: int | None = None
 
 
 class RecordReader:
@@ -197,7 +204,7 @@ class RecordReader:
         if isinstance(record, str):
             return _reject(line_no, record, data)
         if record.input_ids is not None:
-            problem = self._too_long(len(record.input_ids))
+            problem = self._out_of_vocabulary(record.input_ids) or self._too_long(len(record.input_ids))
             if problem:
                 return _reject(line_no, problem, data)
             return Sample(record.sample_id, line_no, record.input_ids, None, record.meta)
@@ -219,24 +226,40 @@ class RecordReader:
             input_ids = self.chat.prompt_ids(_prompt_messages(planned, 0))
         except ValueError as exc:
             return _reject(line_no, str(exc), data)
-        problem = self._too_long(len(input_ids))
+        problem = self._out_of_vocabulary(input_ids) or self._too_long(len(input_ids))
         if problem:
             return _reject(line_no, problem, data)
         return Sample(record.sample_id, line_no, input_ids, None, record.meta, planned)
 
+    def _out_of_vocabulary(self, input_ids: list[int]) -> str | None:
+        vocab = self.options.vocab_size
+        return None if vocab is None else out_of_vocabulary(input_ids, vocab)
+
     def _too_long(self, prompt_tokens: int) -> str | None:
         context = self.options.context_length
-        if context is None:
-            return None
-        if prompt_tokens >= context:
+        if context is not None and prompt_tokens >= context:
             return f"prompt too long: {prompt_tokens} tokens, the servers' context length is {context}"
         wanted = self.options.max_new_tokens or 0
-        if prompt_tokens + wanted > context:
+        if context is not None and prompt_tokens + wanted > context:
             return (
                 f"prompt too long: {prompt_tokens} tokens + max_new_tokens {wanted} = "
                 f"{prompt_tokens + wanted}, over the servers' context length of {context}"
             )
+        limit = self.options.max_input_len
+        if limit is not None and prompt_tokens > limit:
+            return f"prompt too long: {prompt_tokens} tokens, the servers take prompts of at most {limit}"
         return None
+
+
+def out_of_vocabulary(input_ids: list[int], vocab_size: int) -> str | None:
+    """The first id of ``input_ids`` outside ``[0, vocab_size)``, described, or None."""
+    for position, token in enumerate(input_ids):
+        if not 0 <= token < vocab_size:
+            return (
+                f"input_ids[{position}] = {token} is outside the model's vocabulary "
+                f"(ids 0 to {vocab_size - 1}); a real SGLang server crashes on it"
+            )
+    return None
 
 
 _PLAIN_READER: Final = RecordReader()

@@ -206,6 +206,19 @@ def _sampling_error(message: str, key: str) -> PydanticCustomError:
 
 
 def _check_sampling(params: dict[str, Any]) -> dict[str, Any]:
+    n = params.get("n", 1)
+    if n != 1 or type(n) is not int:
+        raise _sampling_error(
+            f'sampling_params "n" = {_quote(n)}: tokenfleet writes one output per request; '
+            "to get several samples of a prompt, list the prompt several times (each with its own id)",
+            "n",
+        )
+    if params.get("beam_width") is not None:
+        raise _sampling_error(
+            'sampling_params "beam_width": beam search turns one request into a batch of beams; '
+            "tokenfleet generates one sample per request, so it is not supported",
+            "beam_width",
+        )
     unknown = unknown_sampling_keys(params)
     if unknown:
         unknown_set = set(unknown)
@@ -291,12 +304,61 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ServerConfig(_Model):
+class ServerKeys(_Model):
+    """Where every process finds a server's API keys: an environment variable (``*_env``) or a secret
+    file (``*_file``), read by the submit and by each worker on its own machine. The keys themselves are
+    never written to the config, Redis, records, status or logs."""
+
+    #: ``--api-key`` of the servers: sent as ``Authorization: Bearer <key>``.
+    api_key_env: NonEmptyStr | None = None
+    api_key_file: NonEmptyStr | None = None
+    #: ``--admin-api-key``: the only key ``/abort_request`` accepts when the server has one.
+    admin_api_key_env: NonEmptyStr | None = None
+    admin_api_key_file: NonEmptyStr | None = None
+
+    @model_validator(mode="after")
+    def _one_source_each(self) -> ServerKeys:
+        for what in ("api_key", "admin_api_key"):
+            if getattr(self, f"{what}_env") and getattr(self, f"{what}_file"):
+                raise ValueError(f"set one of {what}_env and {what}_file, not both")
+        return self
+
+    def refs(self) -> dict[str, dict[str, str]]:
+        """The spec's form: ``{"api_key": {"env": NAME} | {"file": PATH}, ...}`` (names, never keys)."""
+        out: dict[str, dict[str, str]] = {}
+        for what in ("api_key", "admin_api_key"):
+            env, file = getattr(self, f"{what}_env"), getattr(self, f"{what}_file")
+            if env:
+                out[what] = {"env": env}
+            elif file:
+                out[what] = {"file": file}
+        return out
+
+
+class ServerConfig(ServerKeys):
     """``[server]``: the SGLang servers to spread requests over."""
 
     urls: ServerUrls
     timeout_s: Timeout = DEFAULT_TIMEOUT_S
     max_inflight_per_server: PositiveInt | None = None
+    #: The model's vocabulary size, only when submit cannot learn it from the servers (their
+    #: ``/model_info`` names a model folder whose ``config.json`` is not readable here).
+    vocab_size: PositiveInt | None = None
+    #: Per-server keys overriding the ones above: ``[server.keys."http://host:30000"]``.
+    keys: dict[str, ServerKeys] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _keys_name_listed_servers(self) -> ServerConfig:
+        for url in self.keys:
+            if url.rstrip("/") not in self.urls:
+                raise ValueError(f'[server.keys."{url}"]: not one of server.urls')
+        return self
+
+    def auth_refs(self) -> dict[str, dict[str, dict[str, str]]]:
+        """Each server's key sources (see `ServerKeys.refs`); servers without keys are left out."""
+        keys = {url.rstrip("/"): k for url, k in self.keys.items()}
+        refs = {url: keys.get(url, self).refs() for url in self.urls}
+        return {url: r for url, r in refs.items() if r}
 
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():

@@ -1,16 +1,15 @@
 """Live control of a dataset from any machine that reaches Redis: pause, resume, revoke, re-budget.
 
-The ledger's state is what every worker and the producer obey. On top of it, pausing or revoking purges
-the dataset's waiting messages from the queue at once, and revoking asks each server to abort the
-dataset's requests (by rid prefix), so nothing more is generated for it within moments.
+The ledger's state is what every worker and the producer obey. Pausing or revoking also purges the
+dataset's waiting messages from the queue at once, and the ledger announces the stop to every worker
+process, each of which aborts its own in-flight requests of the dataset by their rids within a second
+(``workers/stops.py``): a real SGLang server has no abort by prefix.
 """
 
 from __future__ import annotations
 
 from budget import Ledger
-from workers.aborts import abort_dataset
 from workers.settings import QUEUE_NAME
-from workers.sglang.client import SGLangClient
 
 
 def pause(ledger: Ledger, name: str) -> tuple[str, int]:
@@ -24,11 +23,7 @@ def resume(ledger: Ledger, name: str) -> tuple[str, int]:
 
 def revoke(ledger: Ledger, name: str) -> tuple[str, int]:
     state = ledger.revoke(name)
-    purged = ledger.purge_queue(name, QUEUE_NAME, "revoked")
-    servers = ledger.spec(name).get("servers") or []
-    with SGLangClient(max_connections=4) as client:
-        abort_dataset(client, name, servers)
-    return state, purged
+    return state, ledger.purge_queue(name, QUEUE_NAME, "revoked")
 
 
 ACTIONS = {"pause": pause, "resume": resume, "revoke": revoke}

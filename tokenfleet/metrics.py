@@ -102,6 +102,11 @@ GAUGES: Final[tuple[_Gauge, ...]] = (
         lambda s: s.source_total if s.source_done else None,
     ),
     _Gauge("settled", "1 once nothing is left to do for the dataset, else 0.", lambda s: int(s.settled)),
+    _Gauge(
+        "output_blocked",
+        "1 while a worker cannot write the dataset's output (disk full, read-only; reason in status).",
+        lambda s: int(bool(s.output_error)),
+    ),
 )
 
 STATES: Final[tuple[str, ...]] = tuple(s.value for s in DatasetState)

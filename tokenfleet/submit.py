@@ -8,8 +8,7 @@ exit code 2, with nothing half-done.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from rich.console import Console, RenderableType
@@ -25,10 +24,11 @@ from producer.source import RecordReader, SourceError, SourceOptions, first_reco
 from tokenfleet.config import FleetConfig, redact_url
 from tokenfleet.publish import TaskPublisher
 from tokenfleet.reconcile import disagreement
+from tokenfleet.server_facts import ServerFacts, learn, smallest
 from tokenfleet.view import fleet_view
 from workers.settings import QUEUE_NAME
-from workers.sglang.client import SGLangClient, SGLangError
-from workers.sglang.protocol import MODELS_PATH
+from workers.sglang.auth import MissingKey, server_auth
+from workers.sglang.client import SGLangClient, SGLangError, Unauthorized
 from workers.version import full_version
 
 #: The prompt of the one-token probe sent to each server at submit (any valid token ids do).
@@ -43,29 +43,47 @@ class SubmitError(Exception):
     """A user-facing problem found before anything was enqueued (exit code 2)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ServerCheck:
-    url: str
-    context_length: int | None
+def submit_client(cfg: FleetConfig) -> SGLangClient:
+    """A client for submit's checks, holding each server's API keys from this process's environment or
+    secret files. Raises SubmitError when a key is missing here."""
+    client = SGLangClient(max_connections=4)
+    for url, refs in cfg.server.auth_refs().items():
+        try:
+            client.set_auth(url, server_auth(refs))
+        except MissingKey as e:
+            client.close()
+            raise SubmitError(f"{cfg.source_path}: server {redact_url(url)}: API key: {e}") from None
+    return client
 
 
-def dataset_spec(cfg: FleetConfig, name: str) -> dict[str, Any]:
-    """What workers read from the ledger for each task of dataset ``name``."""
+def learn_servers(cfg: FleetConfig) -> dict[str, ServerFacts]:
+    """What each server tells (a server that does not answer tells nothing)."""
+    facts = {}
+    with submit_client(cfg) as client:
+        for url in cfg.server.urls:
+            try:
+                facts[url] = learn(client, url)
+            except (SGLangError, ValueError):
+                facts[url] = ServerFacts(url)
+    return facts
+
+
+def dataset_spec(
+    cfg: FleetConfig, name: str, servers: Mapping[str, ServerFacts] | None = None
+) -> dict[str, Any]:
+    """What workers read from the ledger for each task of dataset ``name``. ``servers``: what submit
+    learned of each server (asked now when not given)."""
     ds = next(d for d in cfg.datasets if d.name == name)
-    # Generations in flight per server, fleet-wide (workers.servers). Default: the server's batch size, so
-    # requests wait in our queue rather than in the server's. A server that does not tell (down now, or an
-    # sglang-router, which has no /server_info) gets no cap.
-    caps: dict[str, int | None] = dict.fromkeys(cfg.server.urls, cfg.server.max_inflight_per_server)
-    if cfg.server.max_inflight_per_server is None:
-        with SGLangClient(max_connections=4) as client:
-            for url in cfg.server.urls:
-                try:
-                    info = client.server_info(url)
-                except (SGLangError, ValueError):
-                    continue
-                state = (info.get("internal_states") or [{}])[0]
-                running = info.get("max_running_requests") or (state or {}).get("max_running_requests")
-                caps[url] = running if isinstance(running, int) and running > 0 else None
+    if servers is None:
+        servers = learn_servers(cfg)
+    # Generations in flight per server, fleet-wide (workers.servers). Default: the server's batch size in
+    # force, so requests wait in our queue rather than in the server's, where a stop could not reach them
+    # before they are prefilled. A server that does not tell (down now, or an sglang-router, which has no
+    # /server_info) gets no cap.
+    caps: dict[str, int | None] = {
+        url: cfg.server.max_inflight_per_server or (servers[url].batch_size if url in servers else None)
+        for url in cfg.server.urls
+    }
     return {
         "servers": list(cfg.server.urls),
         "max_inflight_per_server": caps,
@@ -80,20 +98,29 @@ def dataset_spec(cfg: FleetConfig, name: str) -> dict[str, Any]:
         # Workers render the prompts of a regenerate="all" conversation after its first reply.
         "tokenizer": ds.tokenizer,
         "regenerate": ds.regenerate,
+        # Where each worker finds each server's API keys (names of variables or files, never keys).
+        "auth": cfg.server.auth_refs(),
+        # Workers refuse an out-of-vocabulary id too, as a last guard for the servers.
+        "vocab_size": vocab_size(cfg, servers),
     }
 
 
-def check_servers(cfg: FleetConfig, client: SGLangClient) -> list[ServerCheck]:
+def vocab_size(cfg: FleetConfig, servers: Mapping[str, ServerFacts]) -> int | None:
+    """The config's ``vocab_size``, else the smallest the servers' model folders give."""
+    return cfg.server.vocab_size or smallest([f.vocab_size for f in servers.values()])
+
+
+def check_servers(cfg: FleetConfig, client: SGLangClient) -> dict[str, ServerFacts]:
     """Each server answers ``/server_info``, accepts each dataset's sampling params and returns
-    ``output_ids``: one tiny generation per dataset and server, so a 0.4 server or a rejected key is
-    caught here instead of on every task."""
-    checks = []
+    ``output_ids``: one tiny generation per dataset and server, so a 0.4 server, a rejected key or a
+    missing API key is caught here instead of on every task. Returns what each server told."""
+    facts = {}
     for url in cfg.server.urls:
         try:
             info = client.server_info(url)
         except SGLangError as e:
             raise SubmitError(
-                f"server {url} does not answer: {e.message} (start it, or pass --no-server-check)"
+                f"server {redact_url(url)} does not answer: {e.message} (start it, or pass --no-server-check)"
             ) from None
         for ds in cfg.datasets:
             probe = dict(ds.sampling) | {"max_new_tokens": 1}
@@ -105,32 +132,29 @@ def check_servers(cfg: FleetConfig, client: SGLangClient) -> list[ServerCheck]:
                     input_ids=PROBE_INPUT_IDS,
                     timeout_s=PROBE_TIMEOUT_S,
                 )
+            except Unauthorized as e:
+                raise SubmitError(
+                    f"{cfg.source_path}: server {redact_url(url)} refused our API key ({e.message}): set "
+                    "[server] api_key_env or api_key_file to where its --api-key is"
+                ) from None
             except SGLangError as e:
                 raise SubmitError(
-                    f'{cfg.source_path}: dataset "{ds.name}": server {url} refused its sampling params: '
-                    f"{e.message}"
+                    f'{cfg.source_path}: dataset "{ds.name}": server {redact_url(url)} refused its sampling '
+                    f"params: {e.message}"
                 ) from None
-        # sglang's server args say context_length only when it was set on the command line; /v1/models
-        # always has the model's.
-        context = info.get("context_length") or _models_context_length(client, url)
-        checks.append(ServerCheck(url, int(context) if context else None))
-    return checks
+        facts[url] = learn(client, url, info)
+    return facts
 
 
-def _models_context_length(client: SGLangClient, url: str) -> int | None:
-    try:
-        models = client.get_json(url, MODELS_PATH).get("data") or [{}]
-    except (SGLangError, ValueError):
-        return None
-    context = models[0].get("max_model_len") if isinstance(models[0], dict) else None
-    return context if isinstance(context, int) and context > 0 else None
-
-
-def register(cfg: FleetConfig, ledger: Ledger) -> dict[str, str]:
+def register(
+    cfg: FleetConfig, ledger: Ledger, servers: Mapping[str, ServerFacts] | None = None
+) -> dict[str, str]:
+    if servers is None:
+        servers = learn_servers(cfg)
     states = {}
     for ds in cfg.datasets:
         limits = DatasetLimits(ds.token_budget, ds.max_samples, ds.on_budget)
-        states[ds.name] = ledger.register(ds.name, limits, dataset_spec(cfg, ds.name))
+        states[ds.name] = ledger.register(ds.name, limits, dataset_spec(cfg, ds.name, servers))
     return states
 
 
@@ -143,10 +167,17 @@ def warn_on_disagreement(cfg: FleetConfig, ledger: Ledger, console: Console) -> 
             console.print(f"[bold red]warning:[/] {escape(ds.name)}: {escape(problem)}")
 
 
-def feeds_for(cfg: FleetConfig, context_length: int | None = None) -> list[DatasetFeed]:
-    """One feed per dataset, reading its records with its format, tokenizer and the servers' context
-    length. Loads each tokenizer and reads each source's first record now: a chat dataset without a usable
-    tokenizer is a SubmitError before anything is registered."""
+def feeds_for(
+    cfg: FleetConfig,
+    context_length: int | None = None,
+    *,
+    max_input_len: int | None = None,
+    vocab_size: int | None = None,
+) -> list[DatasetFeed]:
+    """One feed per dataset, reading its records with its format, tokenizer and what the servers take
+    (context length, longest prompt, vocabulary). Loads each tokenizer and reads each source's first
+    record now: a chat dataset without a usable tokenizer is a SubmitError before anything is
+    registered."""
     feeds = []
     for ds in cfg.datasets:
         where = f'{cfg.source_path}: dataset "{ds.name}"'
@@ -158,6 +189,8 @@ def feeds_for(cfg: FleetConfig, context_length: int | None = None) -> list[Datas
             tokenizer=ds.tokenizer,
             context_length=context_length,
             max_new_tokens=ds.sampling.get("max_new_tokens"),
+            max_input_len=max_input_len,
+            vocab_size=vocab_size,
         )
         try:
             reader = RecordReader(options)
@@ -196,18 +229,32 @@ def run_submit(
     ``observer`` sees every snapshot the progress display sees (benchmarks time state changes with it)."""
     Ledger.from_url(cfg.redis_url).ping()  # fail fast on a wrong URL, before anything is written
     ledger = Ledger.from_url(cfg.redis_url, patient=True)
-    context_length = None
     if server_check:
-        with SGLangClient(max_connections=4) as client:
-            checks = check_servers(cfg, client)
-        context_length = min((c.context_length for c in checks if c.context_length), default=None)
-    feeds = feeds_for(cfg, context_length)  # loads the tokenizers: before anything is registered
+        with submit_client(cfg) as client:
+            servers = check_servers(cfg, client)
+    else:
+        servers = learn_servers(cfg)
+    vocab = vocab_size(cfg, servers)
+    if vocab is None:
+        console.print(
+            "[yellow]warning:[/] the model's vocabulary size is unknown (no server names a model folder "
+            "readable here): pre-tokenized ids are not checked, and an id outside the vocabulary crashes "
+            "a real SGLang server; set \\[server] vocab_size"
+        )
+    # Without the server check, prompts are not held against the servers' limits (they fail on the
+    # server, with its message); ids outside the vocabulary are always refused: they crash a server.
+    feeds = feeds_for(  # loads the tokenizers: before anything is registered
+        cfg,
+        smallest([f.context_length for f in servers.values()]) if server_check else None,
+        max_input_len=smallest([f.max_input_len for f in servers.values()]) if server_check else None,
+        vocab_size=vocab,
+    )
 
     from workers.app import make_app
 
     app = make_app(cfg.redis_url)
     warn_on_disagreement(cfg, ledger, console)
-    states = register(cfg, ledger)
+    states = register(cfg, ledger, servers)
     for name, state in states.items():
         if state in ("paused", "revoked"):
             console.print(f"[yellow]{name} is {state}: nothing is fed until `tokenfleet resume {name}`[/]")

@@ -233,6 +233,9 @@ def fleet_view(
     servers: Sequence[ServerStatus] = (),
 ) -> RenderableType:
     parts: list[RenderableType] = [status_table(snapshots, title)]
+    for s in snapshots:
+        if s.output_error:
+            parts.append(Text(f"{s.name}: output not writable: {s.output_error}", style="bold red"))
     if servers:
         parts.append(servers_table(servers))
     if workers:

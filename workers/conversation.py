@@ -25,7 +25,14 @@ from typing import Any
 from budget.location import redact_url
 from producer.chat import ChatError, ChatTokenizer, count_replies, load_chat_tokenizer, prompt_messages
 from workers.rids import new_rid
-from workers.sglang.client import Generation, OnTokens, ProtocolError, RequestRejected, SGLangClient
+from workers.sglang.client import (
+    Generation,
+    OnTokens,
+    ProtocolError,
+    RequestRejected,
+    SGLangClient,
+    StopHandle,
+)
 
 __all__ = ["Conversation", "ConversationError", "ConversationGeneration", "record_fields"]
 
@@ -87,9 +94,10 @@ class Conversation:
             sampling_params: dict[str, Any],
             timeout_s: float,
             on_tokens: OnTokens,
+            stop: StopHandle | None = None,
             **_prompt: Any,
         ) -> Generation:
-            return self._generate(client, server, rid, sampling_params, timeout_s, on_tokens, keep_turn)
+            return self._generate(client, server, rid, sampling_params, timeout_s, on_tokens, keep_turn, stop)
 
         return generate
 
@@ -110,6 +118,7 @@ class Conversation:
         timeout_s: float,
         on_tokens: OnTokens,
         keep_turn: Callable[[], None],
+        stop: StopHandle | None = None,
     ) -> Generation:
         chat = self._tokenizer()
         while len(self.generations) < self.replies:
@@ -136,6 +145,7 @@ class Conversation:
                     input_ids=prompt,
                     timeout_s=timeout_s,
                     on_tokens=counted,
+                    stop=stop,
                 )
             except RequestRejected as e:
                 if reply == 0:

@@ -19,20 +19,24 @@ from typing import Any, Final
 from budget import Admission, Ledger, Progress
 from budget.ledger import DatasetState
 from budget.location import redact_url
-from workers.aborts import DatasetAborter
 from workers.conversation import Conversation, record_fields
 from workers.leases import Lease, LeaseKeeper
+from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard
 from workers.rids import new_rid
 from workers.servers import ServerPicker
+from workers.sglang.auth import MissingKey, server_auth
 from workers.sglang.client import (
     Generation,
     ProtocolError,
     RequestRejected,
+    ServerBusy,
     ServerUnavailable,
     SGLangClient,
     SGLangError,
+    Unauthorized,
 )
-from workers.sink import dataset_dir
+from workers.sink import OutputUnwritable, dataset_dir
+from workers.stops import InflightRequests, StopWatcher
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,20 @@ BACKOFF_CAP_S: Final = 30.0
 #: Tokens between streamed chunks when the dataset's sampling does not say: each chunk is one ledger
 #: update, and the budget can be overshot by at most this many tokens per generation in flight.
 DEFAULT_STREAM_INTERVAL: Final = 8
+
+
+def out_of_vocabulary(input_ids: list[int] | None, vocab_size: int | None) -> str | None:
+    """Why ``input_ids`` must not be sent to a server whose model has ``vocab_size`` ids, or None."""
+    if not input_ids or not vocab_size:
+        return None
+    low, high = min(input_ids), max(input_ids)
+    if low >= 0 and high < vocab_size:
+        return None
+    bad = low if low < 0 else high
+    return (
+        f"input id {bad} is outside the model's vocabulary (ids 0 to {vocab_size - 1}): not sent, "
+        "a real SGLang server crashes on it"
+    )
 
 
 def backoff_s(attempt: int, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> float:
@@ -81,18 +99,31 @@ class SampleRunner:
         self.keeper = keeper
         self.lease_ms = lease_ms
         self.picker = ServerPicker(ledger.client, lease_ms)
-        self.abort_dataset = DatasetAborter(client)
+        self.inflight = InflightRequests()
+        self.stops = StopWatcher(ledger, self.inflight, client)
+        self.output_guard = OutputGuard(ledger, sink)
         self.sleep = sleep
 
     def run(self, dataset: str, sample: dict[str, Any]) -> Outcome:
         sid = str(sample["sample_id"])
+        problem = self.output_guard.problem(dataset)
+        if problem is not None:
+            # This worker cannot write the dataset's output: no generation; the sample is fed again.
+            self.sleep(HAND_BACK_WAIT_S)
+            self.ledger.unqueue(dataset, [sid], "output_unwritable")
+            return Outcome("dropped", f"output_unwritable: {problem}")
         attempt = uuid.uuid4().hex[:16]
         admitted = self.ledger.admit(dataset, sid, attempt, self.lease_ms)
         if admitted.admission is not Admission.OK or admitted.spec is None:
             return Outcome("dropped", admitted.admission.value)
+        self.stops.start()
         lease = self.keeper.hold(dataset, sid, attempt)
         try:
             return self._generate(dataset, sample, sid, attempt, admitted.spec, lease)
+        except OutputUnwritable as e:  # a failure record could not be written: as for a record
+            self.output_guard.block(dataset, dataset_dir(admitted.spec["output_dir"], dataset), e)
+            self.ledger.release(dataset, sid, attempt, "output_unwritable")
+            return Outcome("dropped", f"output_unwritable: {e.reason}")
         except BaseException:
             # Anything unplanned (a bug, the disk full, a warm shutdown): give the sample back.
             self.ledger.release(dataset, sid, attempt, "worker_error")
@@ -112,6 +143,9 @@ class SampleRunner:
         last_error: SGLangError | None = None
         last_server: str | None = None
         conversation = Conversation.of(sample, spec, dataset)  # several replies (regenerate = "all")
+        problem = out_of_vocabulary(sample.get("input_ids"), spec.get("vocab_size"))
+        if problem:  # the producer rejects such lines; this guards a server from one that got through
+            return self._fail(dataset, sample, sid, attempt, spec, problem, 0)
         for try_no in range(1, max_attempts + 1):
             if try_no > 1:
                 self.sleep(backoff_s(try_no - 1, base_s, cap_s))
@@ -131,9 +165,8 @@ class SampleRunner:
                 verdict, state = self.ledger.progress(dataset, sid, attempt, n, self.lease_ms)
                 if verdict is not Progress.CONTINUE:
                     stop = (verdict, state)
-                    if verdict is Progress.STOP:
-                        # Stop the dataset's other streams now, not at their next chunk.
-                        self.abort_dataset(dataset, servers)
+                    # The ledger told every worker process (Ledger.progress announces a stop): each
+                    # aborts its own requests of the dataset by rid (workers/stops.py).
                     return False
                 return True
 
@@ -145,21 +178,35 @@ class SampleRunner:
             generate = self.client.generate
             if conversation is not None:
                 generate = conversation.generator(self.client, keep_turn)
+            # A busy server (it shed the request) is avoided for this retry but not counted as failing.
+            failure = None if isinstance(last_error, ServerBusy) else last_error
             with self.picker.use(
-                servers, avoid=last_server, failure=last_error, caps=spec.get("max_inflight_per_server")
+                servers, avoid=last_server, failure=failure, caps=spec.get("max_inflight_per_server")
             ) as server:
+                rid = new_rid(dataset)
                 try:
-                    gen = generate(
-                        server,
-                        rid=new_rid(dataset),
-                        sampling_params=sampling,
-                        input_ids=sample.get("input_ids"),
-                        text=sample.get("text"),
-                        timeout_s=float(spec.get("timeout_s", 1800)),
-                        on_tokens=on_tokens,
-                    )
+                    self.client.set_auth(server, server_auth((spec.get("auth") or {}).get(server)))
+                    with self.inflight.track(dataset, rid, server) as request:
+                        gen = generate(
+                            server,
+                            rid=rid,
+                            sampling_params=sampling,
+                            input_ids=sample.get("input_ids"),
+                            text=sample.get("text"),
+                            timeout_s=float(spec.get("timeout_s", 1800)),
+                            on_tokens=on_tokens,
+                            stop=request.handle,
+                        )
                 except (RequestRejected, ProtocolError) as e:
                     return self._fail(dataset, sample, sid, attempt, spec, e.message, live)
+                except (Unauthorized, MissingKey) as e:
+                    # This process holds no valid key for the server: not the sample's fault, nor the
+                    # server's. Give the sample back for a worker that has the key.
+                    log.error("%s: no valid API key for %s here: %s", dataset, redact_url(server), e)
+                    self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
+                    kept = conversation.kept_tokens if conversation else 0
+                    self.ledger.release(dataset, sid, attempt, "unauthorized", kept)
+                    return Outcome("dropped", "unauthorized")
                 except ServerUnavailable as e:
                     last_error, last_server = e, server
                     self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
@@ -198,7 +245,7 @@ class SampleRunner:
         """We cut the generation: the budget was reached, the dataset revoked, or the lease lost."""
         if verdict is Progress.CONTINUE:  # the lease keeper found the lease taken back
             verdict = Progress.LOST
-        if verdict is Progress.STOP and state != DatasetState.REVOKED:
+        if verdict is Progress.STOP and state not in (DatasetState.REVOKED, DatasetState.PAUSED):
             policy = spec.get("on_budget", "truncate")
             if policy == "truncate":
                 return self._record(dataset, sample, sid, attempt, spec, gen, truncated=True)
@@ -244,7 +291,15 @@ class SampleRunner:
             "created_at": time.time(),
         }
         record.update(record_fields(sample, gen))
-        self.sink.write_record(dataset_dir(spec["output_dir"], dataset), record, spec.get("fsync", "always"))
+        folder = dataset_dir(spec["output_dir"], dataset)
+        try:
+            self.sink.write_record(folder, record, spec.get("fsync", "always"))
+        except OutputUnwritable as e:
+            # Not written, so not counted: the sample goes back to pending, and this worker takes no more
+            # of the dataset's work until it can write there again.
+            self.output_guard.block(dataset, folder, e)
+            self.ledger.release(dataset, sid, attempt, "output_unwritable", gen.completion_tokens)
+            return Outcome("dropped", f"output_unwritable: {e.reason}", gen.completion_tokens)
         outcome = self.ledger.commit(dataset, sid, attempt, gen.completion_tokens, truncated)
         return Outcome(
             outcome.value, "truncated at the token budget" if truncated else "", gen.completion_tokens

@@ -1,8 +1,9 @@
 """Request ids sent to SGLang.
 
-``/abort_request`` matches rids by prefix, so every rid has the same length and none is a prefix of
-another: an 8-hex-digit tag of the dataset, then ``uuid4().hex``. The tag also lets one abort call reach
-every request of a dataset on a server, and lets the simulator count tokens per dataset.
+A real SGLang server aborts only an exact, live rid, and then also every live rid that starts with it: so
+every rid has the same length and none is a prefix of another. An rid is an 8-hex-digit tag of the dataset,
+then ``uuid4().hex``: the tag lets a server's own request log (and the simulator) count tokens per
+dataset. Stopping a dataset aborts each of its requests by its own rid (``workers/stops.py``).
 """
 
 from __future__ import annotations

@@ -41,8 +41,12 @@ log = logging.getLogger(__name__)
 
 #: Failures in a row that mark a server down.
 DEFAULT_FAIL_THRESHOLD: Final = 3
-#: A down server is probed (``GET /health``) this often, by one worker of the fleet; the probe's timeout.
+#: A down server is probed (``GET /health``) this often, by one worker of the fleet.
 DEFAULT_PROBE_INTERVAL_S: Final = 5.0
+#: How long a probe waits. SGLang's ``/health`` runs a one-token generation: a second or more on a busy
+#: server, and it answers 503 itself after about 20 s; a shorter wait would keep a busy, healthy server
+#: down.
+PROBE_TIMEOUT_S: Final = 30.0
 #: When every server is at its cap: the first wait before asking again, doubled up to the second. A slot
 #: given back in this process wakes one waiter at once; one given back elsewhere is seen at the next ask.
 WAIT_FIRST_S: Final = 0.02
@@ -87,7 +91,7 @@ class ServerPicker:
         self._probing: set[str] = set()
         self._local = threading.local()  # .pending: (server, ended_ms) of this thread's last generation
         self._freed = threading.Condition()  # notified when this process gives a slot back
-        self._http = httpx.Client(timeout=probe_interval_s, verify=tls_context())
+        self._http = httpx.Client(timeout=max(probe_interval_s, PROBE_TIMEOUT_S), verify=tls_context())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -3,7 +3,7 @@
 -- ARGV: sid, attempt, new_tokens, lease_ms
 -- Returns {action, state}: action is
 --   continue  keep generating (the lease is renewed)
---   stop      the budget is reached (policy truncate or discard) or the dataset was revoked
+--   stop      the budget is reached (policy truncate or discard), or the dataset was revoked or paused
 --   lost      this attempt no longer holds the lease (it expired and was reclaimed)
 local ledger, leases, owners, live, rate_tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local sid, attempt, n, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -15,7 +15,7 @@ if n ~= 0 then
 end
 rate_add(rate_tokens, n)
 redis.call('ZADD', leases, 'XX', now_ms() + lease_ms, sid)
-if state == 'revoked' then return {'stop', state} end
+if state == 'revoked' or state == 'paused' then return {'stop', state} end
 local budget = limit(ledger, 'token_budget')
 if budget and redis.call('HGET', ledger, 'on_budget') ~= 'drain'
     and spent(ledger) + num(ledger, 'live_tokens') >= budget then

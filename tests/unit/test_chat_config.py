@@ -125,6 +125,8 @@ class StubServer:
         return {"context_length": None}
 
     def get_json(self, url: str, path: str) -> dict[str, object]:
+        if path == "/model_info":
+            return {"model_path": "/nowhere"}
         assert path == "/v1/models"
         return {"data": [{"id": "m", "max_model_len": 4096}]}
 
@@ -139,5 +141,5 @@ def test_the_context_length_comes_from_v1_models_when_server_info_has_none(proje
         project,
         '[server]\nurls = ["http://127.0.0.1:30000"]\n[[dataset]]\nname = "a"\npath = "data/a.jsonl"\n',
     )
-    (check,) = check_servers(load_config(path, env={}), StubServer())  # type: ignore[arg-type]
-    assert check.context_length == 4096
+    facts = check_servers(load_config(path, env={}), StubServer())  # type: ignore[arg-type]
+    assert facts["http://127.0.0.1:30000"].context_length == 4096

@@ -50,6 +50,7 @@ class ScriptedClient:
         text: str | None = None,
         timeout_s: float = 1.0,
         on_tokens: Callable[[int], bool] | None = None,
+        stop: object = None,
     ) -> Generation:
         assert input_ids is not None and text is None
         call = len(self.prompts)

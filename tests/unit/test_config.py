@@ -618,3 +618,23 @@ def test_an_inline_array_of_datasets_points_at_its_key(project: Path) -> None:
     )
     message = load_error(path)
     assert message.startswith(f'{path}:1: dataset "b/c": name: must contain only letters')
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("n = 2", 'sampling_params "n" = 2: tokenfleet writes one output per request'),
+        ("beam_width = 4", 'sampling_params "beam_width": beam search turns one request into a batch'),
+    ],
+)
+def test_n_above_one_and_beam_search_are_rejected_with_what_to_do_instead(
+    project: Path, line: str, needle: str
+) -> None:
+    path = write_config(project, f"[sampling]\nmax_new_tokens = 16\n{line}\n\n" + BASE)
+    message = load_error(path)
+    assert message.startswith(f"{path}:3: ") and needle in message
+
+
+def test_n_of_one_is_accepted(project: Path) -> None:
+    path = write_config(project, "[sampling]\nn = 1\n\n" + BASE)
+    assert load_config(path, env={}).datasets[0].sampling["n"] == 1

@@ -10,9 +10,11 @@ import pytest
 
 from producer.source import (
     RAW_PREVIEW_CHARS,
+    RecordReader,
     Rejected,
     Sample,
     SourceError,
+    SourceOptions,
     check_source,
     derive_sample_id,
     iter_source,
@@ -311,3 +313,19 @@ def test_samples_and_rejections_are_frozen() -> None:
     with pytest.raises(AttributeError):
         sample.sample_id = "b"  # type: ignore[misc]
     assert not hasattr(sample, "__dict__")
+
+
+def test_an_id_outside_the_vocabulary_is_rejected_with_its_position(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "s.jsonl", '{"input_ids": [1, 2, 3]}', '{"input_ids": [1, 2048, 3]}')
+    reader = RecordReader(SourceOptions(vocab_size=2048))
+    good, bad = list(iter_source(path, reader=reader))
+    assert isinstance(good, Sample) and good.input_ids == [1, 2, 3]
+    assert isinstance(bad, Rejected) and bad.line_no == 2
+    assert bad.reason.startswith("input_ids[1] = 2048 is outside the model's vocabulary (ids 0 to 2047)")
+
+
+def test_a_prompt_over_the_schedulers_input_limit_is_rejected(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "s.jsonl", json.dumps({"input_ids": list(range(11))}))
+    (bad,) = list(iter_source(path, reader=RecordReader(SourceOptions(max_input_len=10))))
+    assert isinstance(bad, Rejected)
+    assert bad.reason == "prompt too long: 11 tokens, the servers take prompts of at most 10"

@@ -5,13 +5,18 @@ small endpoints over httpx.
 
 Errors are classified by HTTP status, never by message text (``shared/reference/sglang-http.md``):
 4xx is the input's fault (``RequestRejected``, not retried), 5xx and transport errors are retryable
-(``ServerUnavailable``), and an answer without ``output_ids`` is a configuration error (``ProtocolError``,
-sglang < 0.5.2). A 200 can still be an abort: callers read ``Generation.finish_reason``.
+(``ServerUnavailable``), 401/403 mean this process holds no valid key (``Unauthorized``), and an answer
+without ``output_ids`` is a configuration error (``ProtocolError``, sglang < 0.5.2). A 200 stream can still
+carry an error: an ``{"error": {..., "code": 400}}`` chunk (context length, duplicate rid) or a final
+abort whose ``finish_reason.status_code`` is 400 (prompt over ``max_req_input_len``, bad ``stop_regex``)
+or 503 (queue full, timeouts): both are classified by that code like an HTTP status. An abort with no
+status code is a plain abort (ours, or the server's own): callers read ``Generation.finish_reason``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +27,7 @@ import orjson
 
 from budget.location import redact_url
 from workers.sglang import protocol
+from workers.sglang.auth import NO_AUTH, ServerAuth
 from workers.sglang.wire import Exchange, Wire, WireError, iter_lines, tls_context
 
 #: After asking the server to abort, how long to keep reading for its final chunk (the exact partial
@@ -56,8 +62,64 @@ class ServerUnavailable(SGLangError):
     """5xx, a transport error, a dropped stream or a timeout: retry, with a new rid."""
 
 
+class ServerBusy(ServerUnavailable):
+    """The server shed the request (a full queue, a waiting or running timeout: an abort with status
+    503): retried elsewhere, but it says the server is busy, not broken, so it does not count against
+    the server's health."""
+
+
 class ProtocolError(SGLangError):
     """The server's answer lacks what we need (``output_ids``): a configuration error, not retried."""
+
+
+class Unauthorized(SGLangError):
+    """401/403: the server wants an API key this process does not hold (or holds a wrong one). Neither
+    the sample's fault nor the server's: the sample goes back for a worker that has the key."""
+
+
+class _NotSent(Exception):
+    """Internal: the request was stopped before it was sent."""
+
+
+class StopHandle:
+    """One streaming request that another thread may stop (``workers.stops``): it asks the server to
+    abort the rid, and hangs up the stream when the server cannot or does not end it in time."""
+
+    __slots__ = ("_exchange", "_lock", "reason", "rid", "server")
+
+    def __init__(self, rid: str = "", server: str = "") -> None:
+        self._lock = threading.Lock()
+        self._exchange: Exchange | None = None
+        #: Why it was asked to stop; "" while it runs.
+        self.reason = ""
+        #: The request it stops now (a conversation sends one request per reply, each with its rid).
+        self.rid = rid
+        self.server = server
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.reason)
+
+    def request(self, reason: str) -> bool:
+        """Mark it stopped; False if it already was."""
+        with self._lock:
+            if self.reason:
+                return False
+            self.reason = reason
+            return True
+
+    def hang_up(self) -> None:
+        """Close its stream now (the server aborts a request whose client went away)."""
+        with self._lock:
+            exchange = self._exchange
+        if exchange is not None:
+            exchange.hang_up()
+
+    def attach(self, exchange: Exchange | None) -> None:
+        with self._lock:
+            self._exchange = exchange
+        if exchange is not None and self.requested:
+            exchange.hang_up()  # stopped before its stream opened
 
 
 @dataclass(slots=True)
@@ -148,12 +210,36 @@ def _error_message(body: bytes) -> str:
     return str(data)
 
 
+def _error_class(status: int) -> type[SGLangError]:
+    if status in (401, 403):
+        return Unauthorized
+    if 400 <= status < 500 and status not in (408, 429):
+        return RequestRejected
+    return ServerUnavailable
+
+
 def _raise_for_status(server: str, status: int, body: bytes) -> None:
     if status < 400:
         return
     message = _error_message(body)
-    cls = RequestRejected if 400 <= status < 500 and status not in (408, 429) else ServerUnavailable
-    raise cls(f"HTTP {status}: {message}", server=server, status=status)
+    raise _error_class(status)(f"HTTP {status}: {message}", server=server, status=status)
+
+
+def _raise_for_abort_status(server: str, finish: Any) -> None:
+    """A final abort that carries an HTTP status (a scheduler-side rejection or shed load) is that
+    error, not a plain abort."""
+    if not protocol.is_abort(finish):
+        return
+    status = finish.get("status_code")
+    if not isinstance(status, int) or isinstance(status, bool) or status < 400:
+        return
+    message = str(finish.get("message") or finish.get("err_type") or "aborted")
+    cls = ServerBusy if status == 503 else _error_class(status)
+    raise cls(
+        f"{redact_url(server)}: aborted by the server with status {status}: {message}",
+        server=server,
+        status=status,
+    )
 
 
 def _iter_events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
@@ -177,6 +263,14 @@ class SGLangClient:
             verify=tls_context(),  # the wire's certificate authorities, not certifi's
         )
         self._wire = Wire()
+        self._auth: dict[str, ServerAuth] = {}
+
+    def set_auth(self, server: str, auth: ServerAuth) -> None:
+        """The keys to send to ``server`` from now on."""
+        self._auth[server] = auth
+
+    def auth(self, server: str) -> ServerAuth:
+        return self._auth.get(server, NO_AUTH)
 
     def close(self) -> None:
         self._wire.close()
@@ -192,7 +286,7 @@ class SGLangClient:
 
     def get_json(self, server: str, path: str, timeout_s: float = 10.0) -> dict[str, Any]:
         try:
-            r = self._http.get(server + path, timeout=timeout_s)
+            r = self._http.get(server + path, timeout=timeout_s, headers=self.auth(server).headers())
         except httpx.HTTPError as e:
             raise ServerUnavailable(f"{redact_url(server)}: {type(e).__name__}: {e}", server=server) from None
         _raise_for_status(server, r.status_code, r.content)
@@ -209,12 +303,16 @@ class SGLangClient:
             return self.get_json(server, protocol.GET_SERVER_INFO_PATH)
 
     def abort(self, server: str, rid: str, timeout_s: float = 5.0) -> bool:
-        """Ask ``server`` to abort ``rid`` (a prefix match on the server: pass full rids). Returns whether
-        the server took the request: sglang-router does not proxy ``/abort_request`` (404)."""
+        """Ask ``server`` to abort the live request ``rid`` (only an exact, live rid aborts anything on a
+        real server). Returns whether the server took the request: sglang-router does not proxy
+        ``/abort_request`` (404), and a wrong admin key is a 401."""
         # A failed abort is not an error: closing our stream aborts the request as well.
         with contextlib.suppress(httpx.HTTPError):
             r = self._http.post(
-                server + protocol.ABORT_PATH, content=orjson.dumps({"rid": rid}), timeout=timeout_s
+                server + protocol.ABORT_PATH,
+                content=orjson.dumps({"rid": rid}),
+                timeout=timeout_s,
+                headers=self.auth(server).admin_headers(),
             )
             return r.status_code == 200
         return False
@@ -231,11 +329,12 @@ class SGLangClient:
         text: str | None = None,
         timeout_s: float = 1800.0,
         on_tokens: OnTokens | None = None,
+        stop: StopHandle | None = None,
     ) -> Generation:
         """Stream one generation from ``server``. ``on_tokens`` sees each chunk's new tokens (but the
-        last's) and may stop it.
+        last's) and may stop it; so may another thread through ``stop``.
 
-        Raises ``RequestRejected``, ``ServerUnavailable`` or ``ProtocolError``.
+        Raises ``RequestRejected``, ``ServerUnavailable``, ``Unauthorized`` or ``ProtocolError``.
         """
         payload: dict[str, Any] = {"rid": rid, "sampling_params": sampling_params, "stream": True}
         if input_ids is not None:
@@ -244,23 +343,39 @@ class SGLangClient:
             payload["text"] = text
         deadline = time.monotonic() + timeout_s
         acc = StreamAccumulator()
-        stopped = False
+        if stop is not None:
+            stop.rid, stop.server = rid, server
+        stopped = stop is not None and stop.requested  # stopped before it started: nothing is sent
         try:
+            if stopped:
+                raise _NotSent
             with self._wire.post(
                 server,
                 protocol.GENERATE_PATH,
                 orjson.dumps(payload),
                 timeout_s=timeout_s,
                 connect_timeout_s=min(CONNECT_TIMEOUT_S, timeout_s),
+                headers=self.auth(server).headers(),
             ) as exchange:
                 response = exchange.response
                 if response.status != 200:
                     _raise_for_status(server, response.status, response.read())
-                stopped = self._read_stream(server, rid, exchange, acc, deadline, on_tokens)
+                if stop is not None:
+                    stop.attach(exchange)
+                try:
+                    stopped = self._read_stream(server, rid, exchange, acc, deadline, on_tokens, stop)
+                finally:
+                    if stop is not None:
+                        stop.attach(None)
                 # A stream we stopped is closed with its connection: that aborts it on the server.
                 exchange.complete = not stopped
+        except _NotSent:
+            pass
         except WireError as e:
-            raise ServerUnavailable(f"{redact_url(server)}: {_describe(e)}", server=server) from None
+            if stop is not None and stop.requested:
+                stopped = True  # we hung up on it (``StopHandle.hang_up``): what we have is the output
+            else:
+                raise ServerUnavailable(f"{redact_url(server)}: {_describe(e)}", server=server) from None
         except orjson.JSONDecodeError as e:
             raise ServerUnavailable(
                 f"{redact_url(server)}: malformed stream chunk: {e}", server=server
@@ -271,6 +386,8 @@ class SGLangClient:
             )
         meta = acc.meta_info
         finish = meta.get("finish_reason")
+        if not stopped:
+            _raise_for_abort_status(server, finish)
         if stopped and not protocol.is_abort(finish):
             finish = {"type": protocol.FINISH_ABORT, "message": LOCAL_ABORT_MESSAGE}
         return Generation(
@@ -293,12 +410,17 @@ class SGLangClient:
         acc: StreamAccumulator,
         deadline: float,
         on_tokens: OnTokens | None,
+        stop: StopHandle | None = None,
     ) -> bool:
         """Reads chunks into ``acc``; returns True when we stopped the generation (the caller then closes
         the connection, which aborts the request on the server if it is still running)."""
         stop_deadline: float | None = None
         try:
             for chunk in _iter_events(iter_lines(exchange.response)):
+                if stop is not None and stop.requested and stop_deadline is None:
+                    # Another thread asked the server to abort the rid: its final chunk comes after one
+                    # more decode step; the stop watcher hangs up if it does not come in the grace.
+                    stop_deadline = time.monotonic() + ABORT_GRACE_S
                 if not isinstance(chunk, dict):
                     raise ServerUnavailable(
                         f"{redact_url(server)}: a stream chunk that is not a JSON object", server=server
@@ -307,7 +429,7 @@ class SGLangClient:
                     _raise_for_status(server, _error_status(chunk["error"]), orjson.dumps(chunk))
                 new = acc.feed(chunk)
                 if acc.finished:
-                    return stop_deadline is not None
+                    return stop_deadline is not None or (stop is not None and stop.requested)
                 now = time.monotonic()
                 if stop_deadline is not None:
                     if now > stop_deadline:
@@ -326,7 +448,7 @@ class SGLangClient:
                     # the stream, e.g. it does not know the rid): the socket's timeout says so.
                     exchange.set_read_timeout(ABORT_GRACE_S)
         except TimeoutError:
-            if stop_deadline is None:
+            if stop_deadline is None and not (stop is not None and stop.requested):
                 raise
             return True
-        return stop_deadline is not None
+        return stop_deadline is not None or (stop is not None and stop.requested)

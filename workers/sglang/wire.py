@@ -28,7 +28,7 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
@@ -84,6 +84,11 @@ class Exchange:
         """From now on a read that waits longer than ``seconds`` raises ``TimeoutError``."""
         _set_timeout(self.connection, seconds)
 
+    def hang_up(self) -> None:
+        """Close the connection from another thread: the reader's next read ends at once (the server
+        sees the connection closed and aborts the request)."""
+        _hang_up(self.connection)
+
 
 @dataclass(slots=True)
 class _Idle:
@@ -105,7 +110,14 @@ class Wire:
 
     @contextmanager
     def post(
-        self, server: str, path: str, body: bytes, *, timeout_s: float, connect_timeout_s: float
+        self,
+        server: str,
+        path: str,
+        body: bytes,
+        *,
+        timeout_s: float,
+        connect_timeout_s: float,
+        headers: Mapping[str, str] | None = None,
     ) -> Iterator[Exchange]:
         """POST ``body`` (JSON) to ``server + path``; yields the exchange, its response's headers read.
 
@@ -118,7 +130,8 @@ class Wire:
         reusable = False
         try:
             _set_timeout(connection, timeout_s)
-            connection.request("POST", endpoint.prefix + path, body=body, headers=dict(endpoint.headers))
+            sent = dict(endpoint.headers) | dict(headers or {})
+            connection.request("POST", endpoint.prefix + path, body=body, headers=sent)
             exchange = Exchange(connection.getresponse(), connection)
             yield exchange
             reusable = exchange.complete and _read_to_end(connection, exchange.response)

@@ -1,0 +1,15 @@
+-- output_problem: a worker reports that it cannot write a dataset's output (disk full, read-only, no
+-- permission), or that it can again. Status, the metrics and submit's final table show the problem.
+-- KEYS: ledger
+-- ARGV: reporter (host:pid), problem ("" = solved: clears only the reporter's own problem)
+-- Ledger fields: output_error (the problem), output_error_by (who saw it), output_error_at (ms).
+-- Returns 1 when the fields changed, else 0 (unknown dataset, or another reporter's problem stays).
+local ledger, who, problem = KEYS[1], ARGV[1], ARGV[2]
+if not redis.call('HGET', ledger, 'state') then return 0 end
+if problem == '' then
+  if redis.call('HGET', ledger, 'output_error_by') ~= who then return 0 end
+  redis.call('HDEL', ledger, 'output_error', 'output_error_by', 'output_error_at')
+  return 1
+end
+redis.call('HSET', ledger, 'output_error', problem, 'output_error_by', who, 'output_error_at', now_ms())
+return 1

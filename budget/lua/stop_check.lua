@@ -1,0 +1,19 @@
+-- stop_check: whether a dataset's in-flight generations must stop now (read only). Workers' stop
+-- watchers ask it when told of a change on the stops channel, and every half second as a safety net.
+-- KEYS: ledger
+-- ARGV: (none)
+-- Returns the reason to stop, or "" to go on:
+--   revoked   the operator revoked the dataset
+--   paused    the operator paused it (the samples go back to pending, fed again on resume)
+--   budget    committed + live tokens reached the token budget (policy truncate or discard)
+--   unknown   the dataset is not in this ledger
+local ledger = KEYS[1]
+local state = redis.call('HGET', ledger, 'state')
+if not state then return 'unknown' end
+if state == 'revoked' or state == 'paused' then return state end
+local budget = limit(ledger, 'token_budget')
+if budget and redis.call('HGET', ledger, 'on_budget') ~= 'drain'
+    and spent(ledger) + num(ledger, 'live_tokens') >= budget then
+  return 'budget'
+end
+return ''

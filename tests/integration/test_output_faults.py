@@ -1,0 +1,123 @@
+"""A worker that cannot write its output: a full disk stops the dataset's generations at once, shows why,
+and after space returns the work goes on with every record whole and counted once."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from budget import Ledger
+from tests.conftest import IN_CI
+from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
+from tests.integration.test_fleet_run import export, text_rows
+
+pytestmark = pytest.mark.integration
+
+#: A small disk: the records of the test fit, with room to spare, until the filler takes the rest.
+DISK_BYTES = 4 * 1024 * 1024
+#: Generations in flight fleet-wide in these tests (2 worker processes x 8 threads): the most a full disk
+#: can cost before every worker has stopped taking the dataset's work.
+FLEET_SLOTS = 16
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of DISK_BYTES, mounted for the test (root only: CI runs as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        if IN_CI:
+            raise AssertionError(f"cannot mount a tmpfs: {done.stderr.decode()}")
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of ``disk`` with one file."""
+    filler = disk / "filler.bin"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (65536, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+def every_line_is_a_whole_record(folder: Path) -> list[dict[str, Any]]:
+    records = []
+    for part in sorted(folder.glob("part-*.jsonl")):
+        data = part.read_bytes()
+        assert data.endswith(b"\n") or not data, f"{part.name} ends with a torn record"
+        records += [orjson.loads(line) for line in data.splitlines()]
+    return records
+
+
+def test_a_full_disk_stops_generation_shows_why_and_resumes_with_whole_records(
+    workers: Any,
+    fleet_redis_url: str,
+    fleet_ledger: Ledger,
+    sim_factory: Any,
+    small_disk: Path,
+    tmp_path: Path,
+) -> None:
+    sim: Sim = sim_factory(step_time_s=0.005, output_len_mean=60.0)
+    name = unique("fulldisk")
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[sim.url],
+        datasets=[{"name": name, "rows": text_rows(240)}],
+        sampling={"max_new_tokens": 200},
+    )
+    config.write_text(config.read_text().replace('output_dir = "out"', f'output_dir = "{small_disk}"'))
+    submit = BackgroundSubmit(config)
+    wait_until(lambda: name in fleet_ledger.datasets(), what="the dataset registered")
+    wait_until(lambda: fleet_ledger.snapshot(name).samples >= 30, what="the first records")
+
+    filler = fill(small_disk)
+    wait_until(
+        lambda: bool(fleet_ledger.snapshot(name).output_error), what="the output problem in the ledger"
+    )
+    problem = fleet_ledger.snapshot(name).output_error
+    assert "No space left on device" in problem and str(small_disk) in problem
+
+    # Every worker stops taking the dataset's work: what runs ends, nothing new reaches the server.
+    time.sleep(2.0)
+    before = sim.stats()["requests"]
+    time.sleep(3.0)
+    started = sim.stats()["requests"] - before
+    assert started <= FLEET_SLOTS, f"{started} generations started on a full disk"
+    stalled = fleet_ledger.snapshot(name)
+    assert stalled.state == "active" and not stalled.settled and stalled.failed == 0
+
+    filler.unlink()
+    assert submit.wait(120) == 0
+    snap = fleet_ledger.snapshot(name)
+    assert snap.settled and snap.samples == 240 and snap.failed == 0 and not snap.output_error
+
+    on_disk = every_line_is_a_whole_record(small_disk / name)
+    records = export(fleet_ledger, name, tmp_path)
+    assert sorted(r["id"] for r in records) == sorted(f"prompt-{i}" for i in range(240))
+    assert snap.tokens == sum(r["completion_tokens"] for r in records)
+    counted = {r["id"]: r["attempt"] for r in records}
+    assert all(r["id"] in counted for r in on_disk)
+    assert not list((small_disk / name).glob(".probe-*")), "a writability probe was left behind"

@@ -1,0 +1,204 @@
+"""Stopping every in-flight request of a dataset, in every worker process, within a second.
+
+A real SGLang server aborts only an exact, live rid (``/abort_request`` with a prefix does nothing, and
+requests waiting in its queue would be prefilled and started before their streams' next chunk could tell
+anyone). So each worker process keeps its own in-flight requests by dataset (``InflightRequests``: rid,
+server, and a ``StopHandle`` on the stream), and one ``StopWatcher`` thread per process stops them:
+
+- **How it learns.** Whoever may stop a dataset (``tokenfleet pause/revoke/budget``, and the worker whose
+  chunk reached the budget) publishes the dataset's name on the ledger's stops channel
+  (``Ledger.announce_stop``). The watcher listens, and asks the ledger whether the dataset must stop
+  (``Ledger.stop_reasons``: revoked, paused, budget reached): the ledger decides, a message only wakes it.
+  Pub/sub reaches every host at once, with no per-token cost; because a message is lost while a watcher
+  reconnects, the watcher also asks the ledger every ``POLL_S`` about each dataset it has in flight, which
+  bounds a stop's delay even then.
+- **How it stops.** Each request of the dataset is aborted by its own rid on its own server (with the
+  admin key when the server has one), in parallel. The server ends a running request after one more
+  decode step and a waiting one at once; its stream then ends with an abort chunk carrying the exact
+  partial output, which the runner records or gives back. Where the abort is not taken (an sglang-router
+  answers 404) or the stream has not ended ``ABORT_GRACE_S`` later, the watcher hangs up the stream:
+  closing the connection aborts the request on the server too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+import redis
+
+from budget import Ledger, LedgerError
+from workers.sglang.client import ABORT_GRACE_S, SGLangClient, StopHandle
+
+log = logging.getLogger(__name__)
+
+#: How often the watcher asks the ledger about the datasets it has in flight, whatever pub/sub says.
+POLL_S: Final = 0.5
+#: Abort requests sent at once (each is one short POST).
+ABORT_THREADS: Final = 16
+#: After losing its pub/sub connection, the watcher waits this long before reconnecting.
+RECONNECT_S: Final = 1.0
+
+
+@dataclass(eq=False, slots=True)
+class InflightRequest:
+    """One generation in flight: its dataset, and the handle that knows its current rid and server."""
+
+    dataset: str
+    handle: StopHandle
+    #: When it was asked to stop (monotonic), 0 while it runs.
+    stop_asked_at: float = 0.0
+
+
+class InflightRequests:
+    """This process's requests in flight, by dataset. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_dataset: dict[str, set[InflightRequest]] = {}
+
+    @contextmanager
+    def track(self, dataset: str, rid: str, server: str) -> Iterator[InflightRequest]:
+        request = InflightRequest(dataset, StopHandle(rid, server))
+        with self._lock:
+            self._by_dataset.setdefault(dataset, set()).add(request)
+        try:
+            yield request
+        finally:
+            with self._lock:
+                mine = self._by_dataset.get(dataset)
+                if mine is not None:
+                    mine.discard(request)
+                    if not mine:
+                        del self._by_dataset[dataset]
+
+    def datasets(self) -> list[str]:
+        with self._lock:
+            return sorted(self._by_dataset)
+
+    def of(self, dataset: str) -> list[InflightRequest]:
+        with self._lock:
+            return list(self._by_dataset.get(dataset, ()))
+
+    def all(self) -> list[InflightRequest]:
+        with self._lock:
+            return [r for requests in self._by_dataset.values() for r in requests]
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return sum(len(r) for r in self._by_dataset.values())
+
+
+class StopWatcher:
+    """One per worker process: stops this process's requests of a dataset that must stop."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        inflight: InflightRequests,
+        client: SGLangClient,
+        *,
+        poll_s: float = POLL_S,
+        grace_s: float = ABORT_GRACE_S,
+    ) -> None:
+        self._ledger = ledger
+        self._inflight = inflight
+        self._client = client
+        self._poll_s = poll_s
+        self._grace_s = grace_s
+        self._aborts = ThreadPoolExecutor(max_workers=ABORT_THREADS, thread_name_prefix="tf-abort")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tokenfleet-stop-watcher", daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._aborts.shutdown(wait=False, cancel_futures=True)
+
+    def stop_dataset(self, dataset: str, reason: str) -> int:
+        """Abort each of this process's requests of ``dataset`` by its rid; returns how many."""
+        fresh = [r for r in self._inflight.of(dataset) if r.handle.request(reason)]
+        now = time.monotonic()
+        for request in fresh:
+            request.stop_asked_at = now
+        for _ in self._aborts.map(self._abort, fresh):
+            pass
+        if fresh:
+            log.info("%s: %s: aborted %d request(s) in flight here", dataset, reason, len(fresh))
+        return len(fresh)
+
+    def check(self, datasets: list[str]) -> None:
+        """Ask the ledger about ``datasets`` and stop those that must stop."""
+        if not datasets:
+            return
+        for dataset, reason in self._ledger.stop_reasons(datasets).items():
+            if reason and reason != "unknown":
+                self.stop_dataset(dataset, reason)
+
+    # --- the thread -----------------------------------------------------------------------------
+
+    def _abort(self, request: InflightRequest) -> None:
+        if not self._client.abort(request.handle.server, request.handle.rid):
+            request.handle.hang_up()  # no abort endpoint (a router) or not allowed: closing aborts it
+
+    def _hang_up_overdue(self) -> None:
+        deadline = time.monotonic() - self._grace_s
+        for request in self._inflight.all():
+            if request.stop_asked_at and request.stop_asked_at < deadline:
+                request.handle.hang_up()
+
+    def _run(self) -> None:
+        pubsub = None
+        next_poll = 0.0
+        while not self._stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self._ledger.subscribe_stops()
+                    next_poll = 0.0  # messages may have been missed while away
+                now = time.monotonic()
+                if now >= next_poll:
+                    self.check(self._inflight.datasets())
+                    self._hang_up_overdue()
+                    next_poll = now + self._poll_s
+                message = pubsub.get_message(timeout=max(0.0, next_poll - time.monotonic()))
+                if message is not None and message.get("type") == "message":
+                    dataset = message["data"]
+                    dataset = dataset.decode() if isinstance(dataset, bytes) else str(dataset)
+                    if dataset in self._inflight.datasets():
+                        self.check([dataset])
+            except (LedgerError, redis.RedisError, OSError) as e:
+                log.warning("stop watcher: %s; reconnecting", e)
+                _close_quietly(pubsub)
+                pubsub = None
+                self._stop.wait(RECONNECT_S)
+            except Exception:  # never let the watcher die: stops would wait for each stream's next chunk
+                log.exception("stop watcher: unexpected error")
+                _close_quietly(pubsub)
+                pubsub = None
+                self._stop.wait(RECONNECT_S)
+        _close_quietly(pubsub)
+
+
+def _close_quietly(pubsub: object) -> None:
+    close = getattr(pubsub, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # a broken connection may fail to close: it is dropped either way
+            log.debug("closing the stops subscription failed", exc_info=True)
+    return None
