@@ -106,17 +106,20 @@ def test_an_invalid_stop_regex_ends_as_an_abort_with_status_400_on_the_last_chun
 
 
 def test_a_full_queue_is_a_503_plainly_and_a_503_abort_in_a_200_stream() -> None:
+    first = {"input_ids": [1], "stream": True, "sampling_params": LONG}
     with (
         sim_client(max_running_requests=1, max_queued_requests=1) as client,
-        client.stream("POST", "/generate", json={"input_ids": [1], "stream": True, "sampling_params": LONG}),
-        client.stream(
-            "POST", "/generate", json={"input_ids": [2], "stream": True, "sampling_params": LONG}
-        ) as queued,
+        client.stream("POST", "/generate", json=first) as running,
     ):
-        assert queued.status_code == 200
-        plain = client.post("/generate", json={"input_ids": [3], "sampling_params": {"max_new_tokens": 1}})
-        streamed = stream_events(client, input_ids=[4], sampling_params={"max_new_tokens": 1})
-        client.post("/abort_request", json={"abort_all": True})
+        running_lines = running.iter_lines()
+        next(running_lines)  # a token: it runs, so the next request waits
+        with client.stream("POST", "/generate", json={**first, "input_ids": [2]}) as queued:
+            assert queued.status_code == 200
+            plain = client.post(
+                "/generate", json={"input_ids": [3], "sampling_params": {"max_new_tokens": 1}}
+            )
+            streamed = stream_events(client, input_ids=[4], sampling_params={"max_new_tokens": 1})
+            client.post("/abort_request", json={"abort_all": True})
     assert plain.status_code == 503
     assert plain.json() == {"object": "error", "message": "The request queue is full.", "code": 503}
     assert streamed[-1] == "[DONE]"
@@ -124,10 +127,13 @@ def test_a_full_queue_is_a_503_plainly_and_a_503_abort_in_a_200_stream() -> None
 
 
 def test_a_request_waiting_too_long_is_a_503() -> None:
+    first = {"input_ids": [1], "stream": True, "sampling_params": LONG}
     with (
         sim_client(max_running_requests=1, req_waiting_timeout_s=0.05) as client,
-        client.stream("POST", "/generate", json={"input_ids": [1], "stream": True, "sampling_params": LONG}),
+        client.stream("POST", "/generate", json=first) as running,
     ):
+        running_lines = running.iter_lines()
+        next(running_lines)
         waited = client.post("/generate", json={"input_ids": [2], "sampling_params": {"max_new_tokens": 1}})
         client.post("/abort_request", json={"abort_all": True})
     assert waited.status_code == 503
