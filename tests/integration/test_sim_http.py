@@ -174,23 +174,34 @@ def test_zero_max_new_tokens_streams_one_final_chunk(client: httpx.Client) -> No
     assert events[0]["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
 
-def test_stream_interval_sends_one_chunk_per_interval(client: httpx.Client) -> None:
+def test_the_first_token_is_streamed_at_once_then_one_chunk_per_interval_then_the_final(
+    client: httpx.Client,
+) -> None:
     params = {"max_new_tokens": 10, "stream_interval": 4}
     chunks = stream_events(client, input_ids=[9], sampling_params=params)[:-1]
-    assert [chunk["meta_info"]["completion_tokens"] for chunk in chunks] == [4, 8, 10]
+    assert [chunk["meta_info"]["completion_tokens"] for chunk in chunks] == [1, 5, 9, 10]
+    assert "response_sent_to_client_ts" in chunks[0]["meta_info"]
+    assert "response_sent_to_client_ts" not in chunks[1]["meta_info"]
+    assert {"weight_versions", "e2e_latency"} <= chunks[-1]["meta_info"].keys()
 
 
-def test_incremental_server_streams_output_id_deltas() -> None:
-    with sim_client(incremental_output=True, fixed_output_len=9) as client:
+def test_server_interval_applies_when_the_request_sets_none() -> None:
+    with sim_client(stream_interval=8, fixed_output_len=30) as client:
+        chunks = stream_events(client, input_ids=[9], sampling_params={"max_new_tokens": 20})[:-1]
+    assert [chunk["meta_info"]["completion_tokens"] for chunk in chunks] == [1, 9, 17, 20]
+
+
+def test_incremental_server_streams_output_id_and_text_deltas() -> None:
+    with sim_client(incremental_streaming_output=True, fixed_output_len=9) as client:
         chunks = stream_events(
             client, input_ids=[3], sampling_params={"max_new_tokens": 64, "stream_interval": 3}
         )
         plain = generate(client, input_ids=[3], sampling_params={"max_new_tokens": 64}).json()
     deltas = [chunk["output_ids"] for chunk in chunks[:-1]]
-    assert [len(delta) for delta in deltas] == [3, 3, 3, 1]
-    assert [chunk["meta_info"]["completion_tokens"] for chunk in chunks[:-1]] == [3, 6, 9, 10]
+    assert [len(delta) for delta in deltas] == [1, 3, 3, 3]
+    assert [chunk["meta_info"]["completion_tokens"] for chunk in chunks[:-1]] == [1, 4, 7, 10]
     assert list(itertools.chain.from_iterable(deltas)) == plain["output_ids"]
-    assert chunks[-2]["text"] == plain["text"]
+    assert "".join(chunk["text"] for chunk in chunks[:-1]) == plain["text"]
 
 
 def test_sglang_04_mode_omits_output_ids() -> None:
@@ -267,15 +278,22 @@ async def _until_stats(client: httpx.AsyncClient, condition: Callable[[dict[str,
     raise AssertionError("the simulator never reached the expected state")
 
 
-def test_abort_matches_rid_by_prefix() -> None:
+def test_abort_needs_an_exact_live_rid_and_then_takes_every_live_rid_it_starts() -> None:
     async def scenario(url: str) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             rids = ["ds1-7", "ds1-70", "ds1-7_0", "ds1-8"]
             replies = [asyncio.create_task(_post_generate(client, rid)) for rid in rids]
             await _until_stats(client, lambda s: s["running"] == 4 and s["generated_tokens"] > 8)
+            prefix_only = await client.post("/abort_request", json={"rid": "ds1-"})
+            unknown = await client.post("/abort_request", json={"rid": "nobody"})
+            assert (prefix_only.status_code, prefix_only.content) == (unknown.status_code, unknown.content)
+            assert (unknown.status_code, unknown.content) == (200, b"")
+            await asyncio.sleep(0.02)
+            assert not any(reply.done() for reply in replies)
             abort = await client.post("/abort_request", json={"rid": "ds1-7"})
             assert (abort.status_code, abort.content) == (200, b"")
             aborted = await asyncio.gather(*replies[:3])
+            await asyncio.sleep(0.02)
             assert not replies[3].done()
             await client.post("/abort_request", json={"abort_all": True})
             survivor = await replies[3]
@@ -288,12 +306,31 @@ def test_abort_matches_rid_by_prefix() -> None:
                 "err_type": None,
             }
             assert 0 < meta["completion_tokens"] == len(body["output_ids"]) < 4000
+            assert meta["prompt_tokens"] == 2
 
     with sim_server() as url:
         asyncio.run(scenario(url))
 
 
-def test_aborting_a_waiting_request_says_abort_in_waiting_queue() -> None:
+def test_an_aborted_running_stream_ends_after_one_more_token_with_its_partial_output() -> None:
+    params = {"max_new_tokens": 4000, "ignore_eos": True}
+    with sim_client(step_time_s=0.02) as client:
+        body = {"input_ids": [1], "rid": "one-more", "stream": True, "sampling_params": params}
+        with client.stream("POST", "/generate", json=body) as reply:
+            lines = (line for line in reply.iter_lines() if line.startswith("data: "))
+            first = orjson.loads(next(lines).removeprefix("data: "))
+            client.post("/abort_request", json={"rid": "one-more"})
+            rest = [line.removeprefix("data: ") for line in lines]
+    assert rest[-1] == "[DONE]"
+    chunks = [first, *(orjson.loads(line) for line in rest[:-1])]
+    final = chunks[-1]
+    assert final["meta_info"]["finish_reason"]["message"] == "Aborted"
+    # Sent at the abort: one chunk per token so far, then the token of the one more step.
+    assert final["meta_info"]["completion_tokens"] == len(final["output_ids"]) == len(chunks)
+    assert len(chunks) <= 3
+
+
+def test_aborting_a_waiting_request_says_abort_in_waiting_queue_without_prompt_tokens() -> None:
     async def scenario(url: str) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             running = asyncio.create_task(_post_generate(client, "run-0"))
@@ -306,6 +343,7 @@ def test_aborting_a_waiting_request_says_abort_in_waiting_queue() -> None:
             await running
         assert body["output_ids"] == []
         assert body["meta_info"]["finish_reason"]["message"] == "Abort in waiting queue"
+        assert "prompt_tokens" not in body["meta_info"]
 
     with sim_server(max_running_requests=1) as url:
         asyncio.run(scenario(url))
@@ -423,26 +461,43 @@ def test_sim_stats_count_generated_tokens_per_dataset_tag() -> None:
 # --- the other endpoints ---------------------------------------------------------------------------
 
 
-def test_info_endpoints_report_the_model_and_its_limits() -> None:
+def test_server_info_reports_launch_arguments_as_null_unless_given_and_the_batch_in_force() -> None:
+    with sim_client() as client:
+        default = client.get("/server_info").json()
+        models = client.get("/v1/models").json()
+    assert (default["max_running_requests"], default["context_length"]) == (None, None)
+    assert [state["effective_max_running_requests_per_dp"] for state in default["internal_states"]] == [256]
+    assert {"last_gen_throughput", "memory_usage"} <= default["internal_states"][0].keys()
+    assert default["max_req_input_len"] == min(8192, default["max_total_num_tokens"]) - 6
+    assert default["version"] == "0.5.23-sim"
+    assert models["data"][0]["max_model_len"] == 8192
+
+
+def test_info_endpoints_report_the_model_and_the_limits_given_at_launch() -> None:
     with sim_client(
-        context_length=4096, max_running_requests=32, model_path="m", tokenizer_path="/tok"
+        context_length=4096, max_running_requests=32, dp_size=2, model_path="/models/m", tokenizer_path="/tok"
     ) as client:
         assert client.get("/health").status_code == 200
         assert client.get("/health_generate").status_code == 200
+        assert client.get("/ready").status_code == client.get("/ping").status_code == 200
         model_info = client.get("/model_info").json()
         server_info = client.get("/server_info").json()
-        load = client.get("/get_load").json()
+        deprecated = client.get("/get_server_info").json()
+        get_load = client.get("/get_load")
+        loads = client.get("/v1/loads").json()
         models = client.get("/v1/models").json()
-    assert model_info["model_path"] == "m"
+    assert model_info["model_path"] == "/models/m"
     assert model_info["tokenizer_path"] == "/tok"
     assert model_info["is_generation"] is True
     assert {"served_model_name", "weight_version"} <= model_info.keys()
     assert (server_info["max_running_requests"], server_info["context_length"]) == (32, 4096)
-    assert (server_info["tp_size"], server_info["dp_size"], server_info["version"]) == (1, 1, "0.5.23-sim")
-    assert server_info["max_req_input_len"] == 4095
-    assert server_info["max_total_num_tokens"] > 0
-    assert "last_gen_throughput" in server_info["internal_states"][0]
-    assert load == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+    assert (server_info["tp_size"], server_info["dp_size"]) == (1, 2)
+    assert [s["effective_max_running_requests_per_dp"] for s in server_info["internal_states"]] == [16, 16]
+    assert server_info["max_req_input_len"] == 4096 - 6
+    assert deprecated["max_req_input_len"] == server_info["max_req_input_len"]
+    assert get_load.status_code == 404
+    assert [load["dp_rank"] for load in loads["loads"]] == [0, 1]
+    assert loads["loads"][0]["num_running_reqs"] == loads["loads"][0]["num_waiting_reqs"] == 0
     assert models["data"][0]["max_model_len"] == 4096
 
 
@@ -476,14 +531,22 @@ def test_64_concurrent_streams_finish_in_about_their_step_budget() -> None:
 
 
 def test_every_config_field_has_a_cli_flag() -> None:
-    argv = ["--port", "0", "--step-time-s", "0.5", "--fixed-output-len", "7", "--incremental-output"]
+    argv = [
+        "--port",
+        "0",
+        "--step-time-s",
+        "0.5",
+        "--fixed-output-len",
+        "7",
+        "--incremental-streaming-output",
+    ]
     argv += ["--error-rate", "0.25", "--tokenizer-path", "/tok", "--omit-output-ids"]
     config = parse_config(argv)
     assert config == SimConfig(
         port=0,
         step_time_s=0.5,
         fixed_output_len=7,
-        incremental_output=True,
+        incremental_streaming_output=True,
         error_rate=0.25,
         tokenizer_path="/tok",
         omit_output_ids=True,

@@ -169,7 +169,7 @@ def test_engine_runs_at_most_max_running_requests_and_admits_the_rest_in_order()
     run_with_engine(config, scenario)
 
 
-def test_streaming_requests_are_woken_at_their_interval_boundaries() -> None:
+def test_streaming_requests_are_woken_at_the_first_token_then_every_interval() -> None:
     config = SimConfig(step_time_s=0.001, fixed_output_len=11)
 
     async def scenario(engine: SimEngine) -> None:
@@ -178,7 +178,7 @@ def test_streaming_requests_are_woken_at_their_interval_boundaries() -> None:
         while not request.done:
             await request.wait()
             seen.append(request.produced)
-        assert seen == [4, 8, 12]
+        assert seen == [1, 5, 9, 12]
 
     run_with_engine(config, scenario)
 
@@ -194,7 +194,7 @@ def test_an_in_flight_rid_cannot_be_submitted_twice() -> None:
     run_with_engine(FAST, scenario)
 
 
-def test_abort_matches_rids_by_prefix_and_names_the_queue_a_request_waited_in() -> None:
+def test_only_an_exact_live_rid_aborts_and_then_every_live_rid_it_starts() -> None:
     config = SimConfig(step_time_s=0.001, max_running_requests=1)
 
     async def scenario(engine: SimEngine) -> None:
@@ -203,19 +203,104 @@ def test_abort_matches_rids_by_prefix_and_names_the_queue_a_request_waited_in() 
         other = engine.submit("ds1-8", [3], SamplingSpec(5000, ignore_eos=True), None)
         while running.produced < 3:
             await asyncio.sleep(0.001)
+        assert engine.abort("ds1-") == 0  # a prefix alone is no live rid
+        assert engine.abort("") == 0
         assert engine.abort("ds1-7") == 2
+        assert waiting.finish_reason is not None
+        assert waiting.finish_reason["message"] == ABORT_MESSAGE_WAITING_QUEUE
+        assert (waiting.produced, waiting.reported_prompt) == (0, False)
+        assert not running.done  # a running request gets one more decode step
+        produced = running.produced
+        await until_done(running)
+        assert running.produced == produced + 1
         assert running.finish_reason == {
             "type": "abort",
             "message": ABORT_MESSAGE_REQUESTED,
             "status_code": None,
             "err_type": None,
         }
-        assert waiting.finish_reason is not None
-        assert waiting.finish_reason["message"] == ABORT_MESSAGE_WAITING_QUEUE
-        assert waiting.produced == 0
         assert not other.done
-        assert engine.abort("") == 0
         assert engine.abort(abort_all=True) == 1
+
+    run_with_engine(config, scenario)
+
+
+def test_an_input_id_outside_the_vocabulary_crashes_the_engine_and_drops_everything() -> None:
+    crashes: list[str] = []
+    config = SimConfig(step_time_s=0.001, vocab_size=100, max_running_requests=2)
+
+    async def scenario(engine: SimEngine) -> None:
+        engine.on_crash = crashes.append
+        running = engine.submit("ok", [1], SamplingSpec(5000, ignore_eos=True), None)
+        while running.produced < 2:
+            await asyncio.sleep(0.001)
+        bad = engine.submit("bad", [5, 100], SamplingSpec(5), None)
+        await until_done(running, bad)
+        assert (running.outcome, bad.outcome) == (Outcome.DROPPED, Outcome.DROPPED)
+        assert engine.crashed is not None and "IndexError" in engine.crashed and "100" in engine.crashed
+
+    run_with_engine(config, scenario)
+    assert len(crashes) == 1
+
+
+def test_without_the_crash_an_input_id_outside_the_vocabulary_is_a_400_abort() -> None:
+    config = SimConfig(step_time_s=0.001, vocab_size=100, crash_on_bad_token_id=False)
+
+    async def scenario(engine: SimEngine) -> None:
+        bad = engine.submit("bad", [-1], SamplingSpec(5), None)
+        good = engine.submit("good", [5], SamplingSpec(5), None)
+        await until_done(bad, good)
+        assert bad.finish_reason is not None
+        assert (bad.finish_reason["status_code"], bad.finish_reason["err_type"]) == (400, "BadRequestError")
+        assert good.outcome is Outcome.FINISHED
+        assert engine.crashed is None
+
+    run_with_engine(config, scenario)
+
+
+def test_a_full_queue_and_a_prompt_over_max_req_input_len_end_as_aborts_with_status_codes() -> None:
+    config = SimConfig(step_time_s=0.001, max_running_requests=1, max_queued_requests=1, max_total_tokens=20)
+
+    async def scenario(engine: SimEngine) -> None:
+        assert config.max_req_input_len == 14
+        too_long = engine.submit("long", [5] * 14, SamplingSpec(1), None)
+        assert too_long.finish_reason is not None and too_long.finish_reason["status_code"] == 400
+        assert too_long.finish_reason["message"].startswith("Input length (14 tokens) exceeds")
+        first = engine.submit("a", [1], SamplingSpec(5000, ignore_eos=True), None)
+        while first.produced < 1:
+            await asyncio.sleep(0.001)
+        queued = engine.submit("b", [2], SamplingSpec(5), None)
+        shed = engine.submit("c", [3], SamplingSpec(5), None)
+        assert shed.finish_reason == {
+            "type": "abort",
+            "message": "The request queue is full.",
+            "status_code": 503,
+            "err_type": None,
+        }
+        assert not queued.done
+        engine.abort(abort_all=True)
+
+    run_with_engine(config, scenario)
+
+
+def test_requests_waiting_or_running_too_long_are_shed_with_a_503() -> None:
+    config = SimConfig(
+        step_time_s=0.001, max_running_requests=1, req_waiting_timeout_s=0.02, req_running_timeout_s=0.05
+    )
+
+    async def scenario(engine: SimEngine) -> None:
+        running = engine.submit("run", [1], SamplingSpec(5000, ignore_eos=True), None)
+        waiting = engine.submit("wait", [2], SamplingSpec(5000, ignore_eos=True), None)
+        await until_done(waiting)
+        assert waiting.finish_reason is not None
+        assert (waiting.finish_reason["message"], waiting.finish_reason["status_code"]) == (
+            "Request waiting timeout reached.",
+            503,
+        )
+        await until_done(running)
+        assert running.finish_reason is not None
+        assert running.finish_reason["message"] == "Request running timeout reached."
+        assert 0 < running.produced < 5000
 
     run_with_engine(config, scenario)
 

@@ -16,28 +16,43 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, Final
 
 from workers.sglang.protocol import (
     ABORT_MESSAGE_REQUESTED,
     ABORT_MESSAGE_WAITING_QUEUE,
+    ERR_TYPE_BAD_REQUEST,
     FINISH_ABORT,
     FINISH_LENGTH,
     FINISH_STOP,
+    QUEUE_FULL_MESSAGE,
+    RUNNING_TIMEOUT_MESSAGE,
     SGLANG_DEFAULT_MAX_NEW_TOKENS,
+    WAITING_TIMEOUT_MESSAGE,
     FinishReason,
     duplicate_rid_error,
+    input_too_long_error,
 )
 
 #: Ids below this are special (pad, bos, eos) in the simulated vocabulary.
 FIRST_REGULAR_TOKEN: Final = 3
 
+#: The simulated model's own context length (its config.json), used unless --context-length is given.
+MODEL_CONTEXT_LENGTH: Final = 8192
+#: Batch size per data-parallel rank when --max-running-requests is not given (SGLang sizes it from memory).
+DEFAULT_RUNNING_REQUESTS_PER_DP: Final = 256
+#: SGLang's scheduler keeps this many tokens of the context (or KV pool) off the longest prompt.
+MAX_REQ_INPUT_RESERVE: Final = 6
+
 #: Knobs ``POST /sim/config`` may change while the server runs.
 RUNTIME_KNOBS: Final[frozenset[str]] = frozenset(
     {"error_rate", "drop_rate", "abort_rate", "step_time_s", "fixed_output_len", "output_len_mean"}
 )
+#: Fields never shown by the server (``/server_info``, ``/sim/config``) nor logged.
+SECRET_FIELDS: Final[frozenset[str]] = frozenset({"api_key", "admin_api_key"})
 
 
 def _help(text: str) -> dict[str, str]:
@@ -51,12 +66,50 @@ class SimConfig:
     host: str = field(default="127.0.0.1", metadata=_help("address to listen on"))
     port: int = field(default=30000, metadata=_help("port to listen on; 0 picks a free one"))
     step_time_s: float = field(default=0.01, metadata=_help("one decode step for all running requests"))
-    max_running_requests: int = field(
-        default=256, metadata=_help("batch size; further requests wait in a FIFO queue")
+    max_running_requests: int | None = field(
+        default=None,
+        metadata=_help(
+            "batch size over all data-parallel ranks; further requests wait in a FIFO queue "
+            f"(default: none given, so {DEFAULT_RUNNING_REQUESTS_PER_DP} per rank; /server_info says null)"
+        ),
     )
-    context_length: int = field(default=8192, metadata=_help("model context length in tokens"))
-    vocab_size: int = field(default=32000, metadata=_help("output token ids are below this"))
+    context_length: int | None = field(
+        default=None,
+        metadata=_help(
+            f"context length in tokens (default: none given, so the model's {MODEL_CONTEXT_LENGTH})"
+        ),
+    )
+    max_total_tokens: int | None = field(
+        default=None,
+        metadata=_help("KV pool size in tokens (default: enough for every running request's full context)"),
+    )
+    dp_size: int = field(default=1, metadata=_help("data-parallel ranks reported by /server_info"))
+    max_queued_requests: int | None = field(
+        default=None, metadata=_help("waiting queue size; a request beyond it is shed with a 503")
+    )
+    req_waiting_timeout_s: float | None = field(
+        default=None, metadata=_help("shed a request waiting longer (SGLANG_REQ_WAITING_TIMEOUT)")
+    )
+    req_running_timeout_s: float | None = field(
+        default=None, metadata=_help("shed a request running longer (SGLANG_REQ_RUNNING_TIMEOUT)")
+    )
+    stream_interval: int = field(
+        default=1, metadata=_help("tokens between streamed chunks unless a request sets its own")
+    )
+    incremental_streaming_output: bool = field(
+        default=False, metadata=_help("stream output_ids and text as deltas instead of cumulative")
+    )
+    vocab_size: int = field(
+        default=32000, metadata=_help("input ids must be below this; output ids are (also in config.json)")
+    )
     eos_token_id: int = field(default=2, metadata=_help("token that ends a natural stop"))
+    crash_on_bad_token_id: bool = field(
+        default=True,
+        metadata=_help(
+            "an input id outside the vocabulary crashes the server, as SGLang does; "
+            "--no-crash-on-bad-token-id aborts that request with a 400 instead"
+        ),
+    )
     output_len_mean: float = field(
         default=200.0, metadata=_help("mean tokens a prompt wants before EOS (lognormal)")
     )
@@ -64,23 +117,61 @@ class SimConfig:
     fixed_output_len: int | None = field(
         default=None, metadata=_help("every prompt wants exactly this many tokens before EOS")
     )
-    incremental_output: bool = field(
-        default=False, metadata=_help("stream output_ids deltas (--incremental-streaming-output)")
-    )
     omit_output_ids: bool = field(default=False, metadata=_help("answer like sglang 0.4: no output_ids"))
-    error_rate: float = field(default=0.0, metadata=_help("fraction of /generate answered 503"))
+    error_rate: float = field(default=0.0, metadata=_help("fraction of /generate answered HTTP 503"))
     drop_rate: float = field(default=0.0, metadata=_help("fraction of requests whose connection is cut"))
     abort_rate: float = field(
         default=0.0, metadata=_help("fraction of requests the server aborts (retracted, then aborted)")
     )
     seed: int = field(default=0, metadata=_help("seed of the fault decisions"))
-    model_path: str = field(default="tokenfleet-sim", metadata=_help("reported model path and name"))
+    model_path: str | None = field(
+        default=None,
+        metadata=_help("model folder reported by /model_info (default: a temp folder with a config.json)"),
+    )
     tokenizer_path: str | None = field(
         default=None, metadata=_help("reported tokenizer path (default: the model path)")
+    )
+    api_key: str | None = field(default=None, metadata=_help("require 'Authorization: Bearer KEY'"))
+    admin_api_key: str | None = field(
+        default=None, metadata=_help("the only key /abort_request and the /sim/ routes accept")
+    )
+    enable_metrics: bool = field(default=False, metadata=_help("serve Prometheus text on /metrics"))
+    health_check_timeout_s: float = field(
+        default=20.0, metadata=_help("/health answers 503 when its 1-token generation takes longer")
     )
 
     def __post_init__(self) -> None:
         _check_config(self)
+
+    @property
+    def running_requests_per_dp(self) -> int:
+        """The batch size in force on each data-parallel rank."""
+        if self.max_running_requests is None:
+            return DEFAULT_RUNNING_REQUESTS_PER_DP
+        return max(1, self.max_running_requests // self.dp_size)
+
+    @property
+    def batch_size(self) -> int:
+        return self.running_requests_per_dp * self.dp_size
+
+    @property
+    def effective_context_length(self) -> int:
+        return self.context_length if self.context_length is not None else MODEL_CONTEXT_LENGTH
+
+    @property
+    def kv_pool_tokens(self) -> int:
+        if self.max_total_tokens is not None:
+            return self.max_total_tokens
+        return self.batch_size * self.effective_context_length
+
+    @property
+    def max_req_input_len(self) -> int:
+        """The longest prompt the scheduler takes: about ``min(context, KV pool) - 6``."""
+        return min(self.effective_context_length, self.kv_pool_tokens) - MAX_REQ_INPUT_RESERVE
+
+    def public(self) -> dict[str, Any]:
+        """The fields, keys left out."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in SECRET_FIELDS}
 
 
 def _check_config(config: SimConfig) -> None:
@@ -92,8 +183,19 @@ def _check_config(config: SimConfig) -> None:
         ),
         *(
             f"{name} must be positive"
-            for name in ("max_running_requests", "context_length", "output_len_mean")
-            if getattr(config, name) <= 0
+            for name in (
+                "max_running_requests",
+                "context_length",
+                "max_total_tokens",
+                "dp_size",
+                "max_queued_requests",
+                "req_waiting_timeout_s",
+                "req_running_timeout_s",
+                "stream_interval",
+                "output_len_mean",
+                "health_check_timeout_s",
+            )
+            if getattr(config, name) is not None and getattr(config, name) <= 0
         ),
     ]
     if config.step_time_s < 0:
@@ -104,6 +206,8 @@ def _check_config(config: SimConfig) -> None:
         problems.append(f"vocab_size must be above {FIRST_REGULAR_TOKEN + 1}")
     if config.fixed_output_len is not None and config.fixed_output_len < 0:
         problems.append("fixed_output_len must not be negative")
+    if not problems and config.max_req_input_len < 1:
+        problems.append(f"context_length and max_total_tokens must be above {MAX_REQ_INPUT_RESERVE}")
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -162,9 +266,11 @@ class OutputPlan:
     finish_reason: FinishReason
 
 
-def prompt_digest(prompt_ids: Sequence[int]) -> bytes:
+def prompt_digest(prompt_ids: Sequence[int], sample: int = 0) -> bytes:
+    """A stable digest of the prompt; sample ``i > 0`` of an ``n > 1`` request gets its own."""
     # Python's hash() is salted per process; the outputs must not change between runs or servers.
-    return hashlib.blake2b(",".join(map(str, prompt_ids)).encode(), digest_size=16).digest()
+    text = ",".join(map(str, prompt_ids)) + (f"#{sample}" if sample else "")
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def wanted_length(digest: bytes, config: SimConfig) -> int:
@@ -176,8 +282,10 @@ def wanted_length(digest: bytes, config: SimConfig) -> int:
     return max(1, round(random.Random(digest[:8]).lognormvariate(mu, sigma)))
 
 
-def plan_output(prompt_ids: Sequence[int], sampling: SamplingSpec, config: SimConfig) -> OutputPlan:
-    digest = prompt_digest(prompt_ids)
+def plan_output(
+    prompt_ids: Sequence[int], sampling: SamplingSpec, config: SimConfig, sample: int = 0
+) -> OutputPlan:
+    digest = prompt_digest(prompt_ids, sample)
     wanted = wanted_length(digest, config)
     # A separate stream for the tokens, so the length knobs never change which tokens come out.
     rng = random.Random(digest[8:])
@@ -209,8 +317,27 @@ def length_reason(max_new_tokens: int) -> FinishReason:
     return {"type": FINISH_LENGTH, "length": max_new_tokens}
 
 
-def abort_reason(message: str) -> FinishReason:
-    return {"type": FINISH_ABORT, "message": message, "status_code": None, "err_type": None}
+def abort_reason(message: str, status_code: int | None = None, err_type: str | None = None) -> FinishReason:
+    return {"type": FINISH_ABORT, "message": message, "status_code": status_code, "err_type": err_type}
+
+
+def bad_request_abort(message: str) -> FinishReason:
+    """An abort for the input's fault, as the scheduler sends it on the last chunk."""
+    return abort_reason(message, HTTPStatus.BAD_REQUEST.value, ERR_TYPE_BAD_REQUEST)
+
+
+def shed_abort(message: str) -> FinishReason:
+    """An abort of a request the server sheds (queue full, timeouts): a 503 when not streaming."""
+    return abort_reason(message, HTTPStatus.SERVICE_UNAVAILABLE.value)
+
+
+def out_of_vocab_error(token_id: int, vocab_size: int) -> str:
+    """What the real server's scheduler dies of (torch's embedding lookup), with the id named."""
+    return f"IndexError: index out of range in self (input id {token_id} is outside [0, {vocab_size}))"
+
+
+def first_bad_token(prompt_ids: Sequence[int], vocab_size: int) -> int | None:
+    return next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
 
 
 # --- faults ------------------------------------------------------------------------------------------
@@ -263,34 +390,54 @@ class SimRequest:
     """One request's state, shared by the engine and the HTTP handler serving it."""
 
     __slots__ = (
+        "admitted_s",
+        "bad_token_id",
         "counted_from",
         "created_s",
         "end",
+        "finish_after_next_step",
         "finish_reason",
         "finished_s",
+        "internal",
         "num_retractions",
         "outcome",
         "plan",
         "produced",
         "prompt_tokens",
+        "reported_prompt",
         "rid",
         "stop_at",
         "wake",
         "wake_every",
     )
 
-    def __init__(self, rid: str, prompt_tokens: int, plan: OutputPlan, wake_every: int, fault: FaultDraw):
+    def __init__(
+        self,
+        rid: str,
+        prompt_tokens: int,
+        plan: OutputPlan,
+        wake_every: int,
+        fault: FaultDraw,
+        *,
+        internal: bool = False,
+    ):
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.plan = plan
         self.wake_every = wake_every  # 0: wake only when the request ends
+        self.internal = internal  # the /health probe: in no counter, stat or metric
         self.produced = 0
         self.counted_from = 0  # tokens produced before the last stats reset
         self.stop_at, self.end = _ending(len(plan.token_ids), fault)
         self.outcome: Outcome | None = None
         self.finish_reason: FinishReason | None = None
+        #: Set by an abort of a running request: it ends so after one more decode step.
+        self.finish_after_next_step: FinishReason | None = None
+        self.bad_token_id: int | None = None
+        self.reported_prompt = True  # an abort in the waiting queue has no prompt_tokens in its meta_info
         self.num_retractions = 0
         self.created_s = time.monotonic()
+        self.admitted_s: float | None = None
         self.finished_s: float | None = None
         self.wake = asyncio.Event()
 
@@ -304,6 +451,10 @@ class SimRequest:
 
     def output_ids(self, start: int = 0) -> tuple[int, ...]:
         return self.plan.token_ids[start : self.produced]
+
+    def is_boundary(self, produced: int) -> bool:
+        """A streamed chunk is due: the first token at once, then every ``wake_every`` tokens."""
+        return bool(self.wake_every) and (produced - 1) % self.wake_every == 0
 
     async def wait(self) -> None:
         """Until the next stream boundary or the end, whichever comes first."""
@@ -321,6 +472,7 @@ def _ending(planned: int, fault: FaultDraw) -> tuple[int, Fault]:
 @dataclass
 class _Counters:
     generated_tokens: int = 0
+    prompt_tokens: int = 0
     requests: int = 0
     rejected: int = 0
     finished: int = 0
@@ -334,20 +486,30 @@ class _Counters:
 
 
 class SimEngine:
-    """The scheduler: a waiting queue, a running batch and the step loop. Use from one event loop."""
+    """The scheduler: a waiting queue, a running batch and the step loop. Use from one event loop.
 
-    def __init__(self, config: SimConfig) -> None:
+    ``on_crash`` is called with the log line when an input id outside the vocabulary kills the engine
+    (as it kills a real SGLang server): every request in flight is dropped and nothing runs any more.
+    """
+
+    def __init__(self, config: SimConfig, on_crash: Callable[[str], None] | None = None) -> None:
         self.config = config
+        self.on_crash = on_crash
         self.stopping = False
+        self.crashed: str | None = None
         self._waiting: dict[str, SimRequest] = {}  # insertion order is the FIFO
         self._running: dict[str, SimRequest] = {}
         self._fault_rng = random.Random(config.seed)
         self._counters = _Counters()
         self._tokens_by_rid: dict[str, int] = {}  # retired requests only; running ones are added live
         self._work = asyncio.Event()
+        self._stepped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_step_s: float | None = None
         self.last_gen_throughput = 0.0
+        # The server's own counters (/metrics): never reset, unlike the stats.
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
 
     # lifecycle
 
@@ -355,9 +517,10 @@ class SimEngine:
         self._task = asyncio.create_task(self._run(), name="tokenfleet-sim-steps")
 
     async def stop(self) -> None:
-        """Abort everything in flight (so handlers answer at once) and end the step loop."""
+        """Abort everything in flight at once (so handlers answer) and end the step loop."""
         self.stopping = True
-        self.abort(abort_all=True)
+        for request in self._live():
+            self._abort_now(request)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -372,41 +535,72 @@ class SimEngine:
     def note_rejected(self) -> None:
         self._counters.rejected += 1
 
+    def is_live(self, rid: str) -> bool:
+        return rid in self._waiting or rid in self._running
+
     def submit(
-        self, rid: str, prompt_ids: Sequence[int], sampling: SamplingSpec, stream_interval: int | None
+        self,
+        rid: str,
+        prompt_ids: Sequence[int],
+        sampling: SamplingSpec,
+        stream_interval: int | None,
+        *,
+        sample: int = 0,
+        internal: bool = False,
+        fail_after_first_token: FinishReason | None = None,
     ) -> SimRequest:
         """Queue a request; ``stream_interval`` None means the caller only wants the end."""
-        if rid in self._waiting or rid in self._running:
+        if self.is_live(rid):
             raise DuplicateRequestError(rid)
-        fault = draw_fault(self._fault_rng, self.config)
+        fault = FaultDraw(Fault.NONE, 0.0) if internal else draw_fault(self._fault_rng, self.config)
         if fault.kind is Fault.ERROR_503:
             self._counters.errors_503 += 1
-            raise OverloadedError("The request queue is full.")
-        plan = plan_output(prompt_ids, sampling, self.config)
-        request = SimRequest(rid, len(prompt_ids), plan, stream_interval or 0, fault)
+            raise OverloadedError(QUEUE_FULL_MESSAGE)
+        plan = plan_output(prompt_ids, sampling, self.config, sample)
+        request = SimRequest(rid, len(prompt_ids), plan, stream_interval or 0, fault, internal=internal)
+        request.bad_token_id = first_bad_token(prompt_ids, self.config.vocab_size)
+        request.finish_after_next_step = fail_after_first_token
+        config = self.config
+        if request.prompt_tokens >= config.max_req_input_len:
+            error = input_too_long_error(request.prompt_tokens, config.max_req_input_len)
+            self._retire(request, Outcome.ABORTED, bad_request_abort(error))
+            return request
+        if config.max_queued_requests is not None and len(self._waiting) + 1 > config.max_queued_requests:
+            self._retire(request, Outcome.ABORTED, shed_abort(QUEUE_FULL_MESSAGE))
+            return request
         self._waiting[rid] = request
         self._work.set()
         return request
 
-    def abort(self, rid_prefix: str | None = None, *, abort_all: bool = False) -> int:
-        """Abort every queued or running request whose rid starts with ``rid_prefix`` (as SGLang does)."""
-        if not abort_all and not rid_prefix:
+    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
+        """SGLang's ``/abort_request``: only the exact rid of a live request aborts anything; then that one
+        and every live request whose rid starts with it. A running request ends after one more decode
+        step ("Aborted"), a waiting one at once ("Abort in waiting queue"). Returns how many."""
+        if abort_all:
+            matched = self._live()
+        elif rid and self.is_live(rid):
+            matched = [request for request in self._live() if request.rid.startswith(rid)]
+        else:
             return 0
-        matched = [
-            request
-            for queue in (self._waiting, self._running)
-            for request in queue.values()
-            if abort_all or request.rid.startswith(rid_prefix or "")
-        ]
         for request in matched:
-            self._abort(request)
+            if request.rid in self._waiting:
+                request.reported_prompt = False
+                self._retire(request, Outcome.ABORTED, abort_reason(ABORT_MESSAGE_WAITING_QUEUE))
+            elif request.finish_after_next_step is None:
+                request.finish_after_next_step = abort_reason(ABORT_MESSAGE_REQUESTED)
         return len(matched)
 
     def cancel(self, request: SimRequest) -> None:
-        """The client went away: stop generating for it. No-op once the request has ended."""
+        """The client went away: stop generating for it at once. No-op once the request has ended."""
         if not request.done:
-            self._counters.disconnected += 1
-            self._abort(request)
+            if not request.internal:
+                self._counters.disconnected += 1
+            self._abort_now(request)
+
+    async def wait_for_step(self) -> None:
+        """Until the engine next runs a decode step (the health check's sign of life)."""
+        self._stepped.clear()
+        await self._stepped.wait()
 
     # observation
 
@@ -416,15 +610,23 @@ class SimEngine:
             by_prefix[rid[:prefix_len]] = by_prefix.get(rid[:prefix_len], 0) + tokens
         for request in self._running.values():
             tokens = request.produced - request.counted_from
-            if tokens:
+            if tokens and not request.internal:
                 key = request.rid[:prefix_len]
                 by_prefix[key] = by_prefix.get(key, 0) + tokens
         return {
             **dataclasses.asdict(self._counters),
-            "running": len(self._running),
-            "waiting": len(self._waiting),
+            "running": self.num_running,
+            "waiting": self.num_waiting,
             "by_prefix": by_prefix,
         }
+
+    @property
+    def num_running(self) -> int:
+        return sum(not r.internal for r in self._running.values())
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(not r.internal for r in self._waiting.values())
 
     def reset_stats(self) -> None:
         """Zero the counters and reseed the fault decisions, so a new run repeats the same faults."""
@@ -434,13 +636,18 @@ class SimEngine:
         for request in self._running.values():
             request.counted_from = request.produced
 
-    def load(self) -> dict[str, int]:
-        return {
-            "dp_rank": 0,
+    def loads(self) -> list[dict[str, int]]:
+        """``/v1/loads``: one entry per data-parallel rank (the sim's one batch is reported on rank 0)."""
+        busy = {
             "num_reqs": len(self._running) + len(self._waiting),
             "num_waiting_reqs": len(self._waiting),
             "num_tokens": sum(r.prompt_tokens + r.produced for r in self._running.values()),
         }
+        idle = dict.fromkeys(busy, 0)
+        return [{"dp_rank": rank} | (busy if rank == 0 else idle) for rank in range(self.config.dp_size)]
+
+    def kv_tokens_in_use(self) -> int:
+        return sum(r.prompt_tokens + r.produced for r in self._running.values())
 
     def update_config(self, changes: Mapping[str, Any]) -> SimConfig:
         self.config = updated_config(self.config, changes)
@@ -451,7 +658,7 @@ class SimEngine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time()
-        while True:
+        while self.crashed is None:
             if not (self._running or self._waiting):
                 self._work.clear()
                 await self._work.wait()
@@ -462,13 +669,40 @@ class SimEngine:
             if deadline < now - step_s:
                 deadline = now  # far behind (an overloaded host): run late rather than in a burst
             await asyncio.sleep(max(0.0, deadline - now))
+            self._shed_timed_out()
             self._admit()
-            self._decode_step()
+            if self.crashed is None:
+                self._decode_step()
+
+    def _shed_timed_out(self) -> None:
+        waiting_s, running_s = self.config.req_waiting_timeout_s, self.config.req_running_timeout_s
+        if waiting_s is None and running_s is None:
+            return
+        now = time.monotonic()
+        for request in self._live():
+            if request.admitted_s is None:
+                limit, since, message = waiting_s, request.created_s, WAITING_TIMEOUT_MESSAGE
+            else:
+                limit, since, message = running_s, request.admitted_s, RUNNING_TIMEOUT_MESSAGE
+            if limit is not None and now - since > limit:
+                self._retire(request, Outcome.ABORTED, shed_abort(message))
 
     def _admit(self) -> None:
-        free = self.config.max_running_requests - len(self._running)
+        free = self.config.batch_size - len(self._running)
         while free > 0 and self._waiting:
             request = self._waiting.pop(next(iter(self._waiting)))
+            if request.bad_token_id is not None:
+                error = out_of_vocab_error(request.bad_token_id, self.config.vocab_size)
+                if self.config.crash_on_bad_token_id:
+                    self._retire(request, Outcome.DROPPED, None)
+                    self._crash(error)
+                    return
+                self._retire(request, Outcome.ABORTED, bad_request_abort(error))
+                continue
+            request.admitted_s = time.monotonic()
+            if not request.internal:
+                self._counters.prompt_tokens += request.prompt_tokens
+                self.prompt_tokens_total += request.prompt_tokens
             if request.stop_at == 0:
                 self._end(request)
                 continue
@@ -476,17 +710,26 @@ class SimEngine:
             free -= 1
 
     def _decode_step(self) -> None:
-        ended: list[SimRequest] = []
+        ended: list[tuple[SimRequest, FinishReason | None]] = []
+        counted = 0
         for request in self._running.values():
             request.produced += 1
+            counted += not request.internal
             if request.produced == request.stop_at:
-                ended.append(request)
-            elif request.wake_every and request.produced % request.wake_every == 0:
+                ended.append((request, None))
+            elif request.finish_after_next_step is not None:
+                ended.append((request, request.finish_after_next_step))
+            elif request.is_boundary(request.produced):
                 request.wake.set()
-        self._counters.generated_tokens += len(self._running)
+        self._counters.generated_tokens += counted
+        self.generation_tokens_total += counted
         self._note_throughput(len(self._running))
-        for request in ended:
-            self._end(request)
+        for request, abort in ended:
+            if abort is None:
+                self._end(request)
+            else:
+                self._retire(request, Outcome.ABORTED, abort)
+        self._stepped.set()
 
     def _note_throughput(self, tokens: int) -> None:
         now = time.monotonic()
@@ -495,6 +738,17 @@ class SimEngine:
         self._last_step_s = now
 
     # endings
+
+    def _live(self) -> list[SimRequest]:
+        return [*self._waiting.values(), *self._running.values()]
+
+    def _crash(self, error: str) -> None:
+        """Die like the real scheduler: every request in flight is dropped, nothing runs any more."""
+        self.crashed = error
+        for request in self._live():
+            self._retire(request, Outcome.DROPPED, None)
+        if self.on_crash is not None:
+            self.on_crash(error)
 
     def _end(self, request: SimRequest) -> None:
         if request.end is Fault.DROP:
@@ -507,9 +761,10 @@ class SimEngine:
         else:
             self._retire(request, Outcome.FINISHED, request.plan.finish_reason)
 
-    def _abort(self, request: SimRequest) -> None:
+    def _abort_now(self, request: SimRequest) -> None:
         queued = request.rid in self._waiting
         message = ABORT_MESSAGE_WAITING_QUEUE if queued else ABORT_MESSAGE_REQUESTED
+        request.reported_prompt = not queued
         self._retire(request, Outcome.ABORTED, abort_reason(message))
 
     def _retire(self, request: SimRequest, outcome: Outcome, finish_reason: FinishReason | None) -> None:
@@ -518,8 +773,9 @@ class SimEngine:
         request.outcome = outcome
         request.finish_reason = finish_reason
         request.finished_s = time.monotonic()
-        setattr(self._counters, outcome.value, getattr(self._counters, outcome.value) + 1)
-        tokens = request.produced - request.counted_from
-        if tokens:
-            self._tokens_by_rid[request.rid] = self._tokens_by_rid.get(request.rid, 0) + tokens
+        if not request.internal:
+            setattr(self._counters, outcome.value, getattr(self._counters, outcome.value) + 1)
+            tokens = request.produced - request.counted_from
+            if tokens:
+                self._tokens_by_rid[request.rid] = self._tokens_by_rid.get(request.rid, 0) + tokens
         request.wake.set()
