@@ -60,6 +60,7 @@ from producer.source import SourceError, check_source
 from workers.sglang.protocol import (
     SAMPLING_PARAM_KEYS,
     SGLANG_DEFAULT_MAX_NEW_TOKENS,
+    sampling_param_errors,
     unknown_sampling_keys,
 )
 
@@ -236,6 +237,10 @@ def _check_sampling(params: dict[str, Any]) -> dict[str, Any]:
         problem = _json_problem(value)
         if problem:
             raise _sampling_error(f'sampling_params "{key}": {problem}', key)
+        # The server's request contract is type-strict (max_new_tokens = 100.0 is a 400 on every request).
+        type_problems = sampling_param_errors({key: value})
+        if type_problems and key != "max_new_tokens":  # max_new_tokens has its own message below
+            raise _sampling_error(type_problems[0], key)
     if "max_new_tokens" in params:
         mnt = params["max_new_tokens"]
         if type(mnt) is not int or mnt < 1:

@@ -638,3 +638,24 @@ def test_n_above_one_and_beam_search_are_rejected_with_what_to_do_instead(
 def test_n_of_one_is_accepted(project: Path) -> None:
     path = write_config(project, "[sampling]\nn = 1\n\n" + BASE)
     assert load_config(path, env={}).datasets[0].sampling["n"] == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ('temperature = "0.7"', "sampling_params `temperature` must be a number"),
+        ("top_k = 2.5", "sampling_params `top_k` must be an integer"),
+        ("ignore_eos = 1", "sampling_params `ignore_eos` must be true or false"),
+    ],
+)
+def test_a_sampling_value_of_the_wrong_type_is_refused_at_load_as_the_server_would(
+    project: Path, line: str, needle: str
+) -> None:
+    path = write_config(project, f"[sampling]\nmax_new_tokens = 16\n{line}\n\n" + BASE)
+    message = load_error(path)
+    assert message.startswith(f"{path}:3: ") and needle in message
+
+
+def test_an_integer_where_a_number_is_expected_is_accepted(project: Path) -> None:
+    path = write_config(project, "[sampling]\ntemperature = 1\n\n" + BASE)
+    assert load_config(path, env={}).datasets[0].sampling["temperature"] == 1
