@@ -23,7 +23,7 @@ from workers.conversation import Conversation, record_fields
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard
 from workers.rids import new_rid
-from workers.servers import ServerPicker
+from workers.servers import ServerPicker, SlotWaitCancelled
 from workers.sglang.auth import MissingKey, server_auth
 from workers.sglang.client import (
     Generation,
@@ -180,38 +180,49 @@ class SampleRunner:
                 generate = conversation.generator(self.client, keep_turn)
             # A busy server (it shed the request) is avoided for this retry but not counted as failing.
             failure = None if isinstance(last_error, ServerBusy) else last_error
-            with self.picker.use(
-                servers, avoid=last_server, failure=failure, caps=spec.get("max_inflight_per_server")
-            ) as server:
-                rid = new_rid(dataset)
+            # Tracked from before it waits for a server slot: a stop meanwhile means it is never sent.
+            with self.inflight.track(dataset, new_rid(dataset), "") as request:
                 try:
-                    self.client.set_auth(server, server_auth((spec.get("auth") or {}).get(server)))
-                    with self.inflight.track(dataset, rid, server) as request:
-                        gen = generate(
-                            server,
-                            rid=rid,
-                            sampling_params=sampling,
-                            input_ids=sample.get("input_ids"),
-                            text=sample.get("text"),
-                            timeout_s=float(spec.get("timeout_s", 1800)),
-                            on_tokens=on_tokens,
-                            stop=request.handle,
-                        )
-                except (RequestRejected, ProtocolError) as e:
-                    return self._fail(dataset, sample, sid, attempt, spec, e.message, live)
-                except (Unauthorized, MissingKey) as e:
-                    # This process holds no valid key for the server: not the sample's fault, nor the
-                    # server's. Give the sample back for a worker that has the key.
-                    log.error("%s: no valid API key for %s here: %s", dataset, redact_url(server), e)
-                    self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
+                    with self.picker.use(
+                        servers,
+                        avoid=last_server,
+                        failure=failure,
+                        caps=spec.get("max_inflight_per_server"),
+                        cancelled=lambda: request.handle.requested,
+                    ) as server:
+                        try:
+                            self.client.set_auth(server, server_auth((spec.get("auth") or {}).get(server)))
+                            gen = generate(
+                                server,
+                                rid=request.handle.rid,
+                                sampling_params=sampling,
+                                input_ids=sample.get("input_ids"),
+                                text=sample.get("text"),
+                                timeout_s=float(spec.get("timeout_s", 1800)),
+                                on_tokens=on_tokens,
+                                stop=request.handle,
+                            )
+                        except (RequestRejected, ProtocolError) as e:
+                            return self._fail(dataset, sample, sid, attempt, spec, e.message, live)
+                        except (Unauthorized, MissingKey) as e:
+                            # This process holds no valid key for the server: not the sample's fault, nor
+                            # the server's. Give the sample back for a worker that has the key.
+                            log.error("%s: no valid API key for %s here: %s", dataset, redact_url(server), e)
+                            self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
+                            kept = conversation.kept_tokens if conversation else 0
+                            self.ledger.release(dataset, sid, attempt, "unauthorized", kept)
+                            return Outcome("dropped", "unauthorized")
+                        except ServerUnavailable as e:
+                            last_error, last_server = e, server
+                            self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
+                            log.warning("%s/%s attempt %d: %s", dataset, sid, try_no, e)
+                            continue
+                except SlotWaitCancelled:
+                    verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
                     kept = conversation.kept_tokens if conversation else 0
-                    self.ledger.release(dataset, sid, attempt, "unauthorized", kept)
-                    return Outcome("dropped", "unauthorized")
-                except ServerUnavailable as e:
-                    last_error, last_server = e, server
-                    self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
-                    log.warning("%s/%s attempt %d: %s", dataset, sid, try_no, e)
-                    continue
+                    return self._give_back(
+                        dataset, sid, attempt, state or request.handle.reason, verdict, kept
+                    )
             if stop is not None:
                 verdict, state = stop
                 return self._stopped(dataset, sample, sid, attempt, spec, gen, verdict, state)
@@ -246,6 +257,8 @@ class SampleRunner:
         if verdict is Progress.CONTINUE:  # the lease keeper found the lease taken back
             verdict = Progress.LOST
         if verdict is Progress.STOP and state not in (DatasetState.REVOKED, DatasetState.PAUSED):
+            if gen.completion_tokens == 0:  # stopped before its first token: nothing to keep or count
+                return self._give_back(dataset, sid, attempt, "budget", verdict, 0)
             policy = spec.get("on_budget", "truncate")
             if policy == "truncate":
                 return self._record(dataset, sample, sid, attempt, spec, gen, truncated=True)

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Final
 
@@ -59,6 +59,10 @@ FORGET_AFTER_S: Final = 3600.0
 
 #: ``caps`` of ``use``: one cap for every server, or one per server URL (None or absent: no cap).
 Caps = Mapping[str, int | None] | int | None
+
+
+class SlotWaitCancelled(Exception):
+    """The generation was stopped while it waited for a server slot: it never reached a server."""
 
 
 def caps_for(servers: Sequence[str], caps: Caps) -> list[int | None]:
@@ -102,15 +106,17 @@ class ServerPicker:
         avoid: str | None = None,
         failure: BaseException | None = None,
         caps: Caps = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[str]:
         """Hold a slot on the least-loaded of ``servers`` (below its cap; waits while all are at theirs).
 
         ``avoid``: the server this sample's previous attempt failed on (with ``failure``), used only when
-        no other server is a candidate. ``caps``: see ``Caps``.
+        no other server is a candidate. ``caps``: see ``Caps``. ``cancelled``: while waiting for a slot,
+        raise ``SlotWaitCancelled`` once it says so (the dataset was stopped meanwhile).
         """
         self._settle_previous(avoid, failure)
         token = f"{self._holder}:{uuid.uuid4().hex[:16]}"
-        server = self._acquire(list(servers), caps_for(servers, caps), token, avoid)
+        server = self._acquire(list(servers), caps_for(servers, caps), token, avoid, cancelled)
         answered = False
         try:
             yield server
@@ -135,7 +141,14 @@ class ServerPicker:
 
     # --- picking --------------------------------------------------------------------------------
 
-    def _acquire(self, servers: list[str], caps: list[int | None], token: str, avoid: str | None) -> str:
+    def _acquire(
+        self,
+        servers: list[str],
+        caps: list[int | None],
+        token: str,
+        avoid: str | None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> str:
         self._start()
         now = time.monotonic()
         with self._lock:
@@ -152,6 +165,8 @@ class ServerPicker:
                     self._held[token] = got.url
             if got.url is not None:
                 return got.url
+            if cancelled is not None and cancelled():
+                raise SlotWaitCancelled()
             with self._freed:
                 self._freed.wait(random.uniform(delay_s / 2, delay_s))
             delay_s = min(delay_s * 2, WAIT_MAX_S)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import redis
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: How often the watcher asks the ledger about the datasets it has in flight, whatever pub/sub says.
 POLL_S: Final = 0.5
-#: Abort requests sent at once (each is one short POST).
+#: Servers whose requests are aborted at once (each server's one after the other).
 ABORT_THREADS: Final = 16
 #: After losing its pub/sub connection, the watcher waits this long before reconnecting.
 RECONNECT_S: Final = 1.0
@@ -54,6 +54,8 @@ class InflightRequest:
     handle: StopHandle
     #: When it was asked to stop (monotonic), 0 while it runs.
     stop_asked_at: float = 0.0
+    #: When it was tracked (monotonic): a server runs its requests first come, first served.
+    since: float = field(default_factory=time.monotonic)
 
 
 class InflightRequests:
@@ -131,12 +133,21 @@ class StopWatcher:
         self._aborts.shutdown(wait=False, cancel_futures=True)
 
     def stop_dataset(self, dataset: str, reason: str) -> int:
-        """Abort each of this process's requests of ``dataset`` by its rid; returns how many."""
+        """Abort each of this process's requests of ``dataset`` by its rid; returns how many.
+
+        Per server the youngest requests are aborted first, one after the other: a server takes waiting
+        requests into its batch first come, first served, so the requests that still wait in its queue
+        are gone before an aborted running one frees a slot for them. Servers are handled in parallel."""
         fresh = [r for r in self._inflight.of(dataset) if r.handle.request(reason)]
         now = time.monotonic()
+        by_server: dict[str, list[InflightRequest]] = {}
         for request in fresh:
             request.stop_asked_at = now
-        for _ in self._aborts.map(self._abort, fresh):
+            if request.handle.server:  # not sent yet: marked stopped, it never will be
+                by_server.setdefault(request.handle.server, []).append(request)
+        for requests in by_server.values():
+            requests.sort(key=lambda r: r.since, reverse=True)
+        for _ in self._aborts.map(self._abort_each, by_server.values()):
             pass
         if fresh:
             log.info("%s: %s: aborted %d request(s) in flight here", dataset, reason, len(fresh))
@@ -152,9 +163,10 @@ class StopWatcher:
 
     # --- the thread -----------------------------------------------------------------------------
 
-    def _abort(self, request: InflightRequest) -> None:
-        if not self._client.abort(request.handle.server, request.handle.rid):
-            request.handle.hang_up()  # no abort endpoint (a router) or not allowed: closing aborts it
+    def _abort_each(self, requests: list[InflightRequest]) -> None:
+        for request in requests:
+            if not self._client.abort(request.handle.server, request.handle.rid):
+                request.handle.hang_up()  # no abort endpoint (a router) or not allowed: closing aborts it
 
     def _hang_up_overdue(self) -> None:
         deadline = time.monotonic() - self._grace_s

@@ -89,19 +89,27 @@ class Sim:
     def __init__(self, server: SimServerThread) -> None:
         self.server = server
         self.url = server.url
+        key, admin = server.config.api_key, server.config.admin_api_key or server.config.api_key
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        #: The simulator's own /sim/ routes take the admin key when it has one.
+        self.control_headers = {"Authorization": f"Bearer {admin}"} if admin else {}
 
     def stats(self) -> dict[str, Any]:
-        data: dict[str, Any] = httpx.get(f"{self.url}/sim/stats", timeout=5).json()
+        reply = httpx.get(f"{self.url}/sim/stats", timeout=5, headers=self.control_headers)
+        data: dict[str, Any] = reply.raise_for_status().json()
         return data
 
     def configure(self, **knobs: Any) -> None:
-        httpx.post(f"{self.url}/sim/config", json=knobs, timeout=5).raise_for_status()
+        httpx.post(
+            f"{self.url}/sim/config", json=knobs, timeout=5, headers=self.control_headers
+        ).raise_for_status()
 
     def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         r = httpx.post(
             f"{self.url}/generate",
             json={"input_ids": input_ids, "sampling_params": sampling_params},
             timeout=30,
+            headers=self.headers,
         )
         r.raise_for_status()
         data: dict[str, Any] = r.json()

@@ -272,8 +272,8 @@ def test_progress_returns_the_datasets_state_with_the_action(ledger: Ledger) -> 
     lease(ledger, "s1")
 
     assert ledger.progress(DS, "s1", "a1", 1) == (Progress.CONTINUE, DatasetState.ACTIVE)
-    ledger.pause(DS)
-    assert ledger.progress(DS, "s1", "a1", 1) == (Progress.CONTINUE, DatasetState.PAUSED)
+    ledger.pause(DS)  # a pause stops what runs too (issue 11): the sample goes back to pending
+    assert ledger.progress(DS, "s1", "a1", 1) == (Progress.STOP, DatasetState.PAUSED)
     ledger.revoke(DS)
     assert ledger.progress(DS, "s1", "a1", 1) == (Progress.STOP, DatasetState.REVOKED)
     ledger.resume(DS)

@@ -502,6 +502,9 @@ class SimEngine:
         self._fault_rng = random.Random(config.seed)
         self._counters = _Counters()
         self._tokens_by_rid: dict[str, int] = {}  # retired requests only; running ones are added live
+        #: Requests taken from the waiting queue into the running batch (prefilled), by rid prefix.
+        self._started_by_prefix: dict[str, int] = {}
+        self._stats_prefix_len = 8
         self._work = asyncio.Event()
         self._stepped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -618,6 +621,7 @@ class SimEngine:
             "running": self.num_running,
             "waiting": self.num_waiting,
             "by_prefix": by_prefix,
+            "started_by_prefix": dict(self._started_by_prefix),
         }
 
     @property
@@ -632,6 +636,7 @@ class SimEngine:
         """Zero the counters and reseed the fault decisions, so a new run repeats the same faults."""
         self._counters = _Counters()
         self._tokens_by_rid.clear()
+        self._started_by_prefix.clear()
         self._fault_rng = random.Random(self.config.seed)
         for request in self._running.values():
             request.counted_from = request.produced
@@ -701,6 +706,8 @@ class SimEngine:
                 continue
             request.admitted_s = time.monotonic()
             if not request.internal:
+                key = request.rid[: self._stats_prefix_len]
+                self._started_by_prefix[key] = self._started_by_prefix.get(key, 0) + 1
                 self._counters.prompt_tokens += request.prompt_tokens
                 self.prompt_tokens_total += request.prompt_tokens
             if request.stop_at == 0:

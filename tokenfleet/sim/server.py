@@ -705,7 +705,8 @@ def _crash_handler(app: web.Application) -> Callable[[str], None]:
     return crashed
 
 
-CRASH_CALLBACK_KEY: Final = web.AppKey("tokenfleet_sim_on_crash", Callable[[str], None])
+CrashCallback = Callable[[str], None]
+CRASH_CALLBACK_KEY: Final[web.AppKey[CrashCallback]] = web.AppKey("tokenfleet_sim_on_crash")
 
 
 async def _start_engine(app: web.Application) -> None:
