@@ -478,6 +478,21 @@ class Ledger:
             )
         )
 
+    @_translate_errors
+    def clear_pending(self, name: str, orphans: Sequence[str], stale: Sequence[str] = ()) -> tuple[int, int]:
+        """After a whole pass over the source: drop the pending marks of ``orphans`` (no longer in the
+        source; counted in the ledger's ``not_in_source``) and of ``stale`` ids that are done or failed by
+        now. Returns (orphans cleared, stale cleared); see ``budget/lua/clear_pending.lua``."""
+        if not orphans and not stale:
+            return (0, 0)
+        k = dataset_keys(name)
+        cleared = self._run(
+            "clear_pending",
+            k.for_lua("ledger_hash", "pending_hash", "done_hash", "failed_hash", "queued_zset", "lease_zset"),
+            [len(orphans), *orphans, *stale],
+        )
+        return int(cleared[0]), int(cleared[1])
+
     # --- reading --------------------------------------------------------------------------------
 
     @_translate_errors

@@ -16,10 +16,10 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.markup import escape
 
-from budget import DatasetLimits, DatasetSnapshot, Ledger
+from budget import DatasetLimits, DatasetSnapshot, Ledger, LedgerError
 from budget.servers import ServerLedger
 from producer.chat import ChatError
-from producer.feeder import DEFAULT_WINDOW, DatasetFeed, Feeder
+from producer.feeder import DEFAULT_STALL_S, DEFAULT_WINDOW, DatasetFeed, Feeder, Unsettled
 from producer.formats import CHAT_SHAPES
 from producer.source import RecordReader, SourceError, SourceOptions, first_record
 from tokenfleet.config import FleetConfig, redact_url
@@ -191,9 +191,12 @@ def run_submit(
     server_check: bool = True,
     window: int = DEFAULT_WINDOW,
     observer: Callable[[list[DatasetSnapshot]], None] | None = None,
+    stall_s: float = DEFAULT_STALL_S,
 ) -> list[DatasetSnapshot]:
-    """Checks, registers and feeds; returns the settled snapshots. Raises SubmitError or LedgerError.
-    ``observer`` sees every snapshot the progress display sees (benchmarks time state changes with it)."""
+    """Checks, registers and feeds; returns the snapshots once every dataset is settled in the ledger.
+    Raises SubmitError or LedgerError, or `Unsettled` (with what is left) on Ctrl-C or after ``stall_s``
+    with no progress and no worker online. ``observer`` sees every snapshot the progress display sees
+    (benchmarks time state changes with it)."""
     Ledger.from_url(cfg.redis_url).ping()  # fail fast on a wrong URL, before anything is written
     ledger = Ledger.from_url(cfg.redis_url, patient=True)
     context_length = None
@@ -226,6 +229,27 @@ def run_submit(
         return tick
 
     tick_s = 0.05 if observer is not None else 0.5
+    try:
+        snaps = _feed_until_settled(feeder, ledger, console, observed, tick_s, stall_s)
+    except KeyboardInterrupt:
+        try:
+            snaps = feeder.snapshots()
+        except LedgerError:
+            snaps = []
+        raise Unsettled("interrupted", snaps) from None
+    if not all(s.settled for s in snaps):  # the ledger has the last word, never the feeder's guess
+        raise Unsettled("the feeder stopped before the ledger settled", snaps)
+    return snaps
+
+
+def _feed_until_settled(
+    feeder: Feeder,
+    ledger: Ledger,
+    console: Console,
+    observed: Callable[[Callable[[list[DatasetSnapshot]], None]], Callable[[list[DatasetSnapshot]], None]],
+    tick_s: float,
+    stall_s: float,
+) -> list[DatasetSnapshot]:
     if console.is_terminal:
         mine = full_version()
 
@@ -234,7 +258,9 @@ def run_submit(
             return fleet_view(snaps, ledger.workers(), mine, title="tokenfleet submit", servers=servers)
 
         with Live(view(feeder.snapshots()), console=console, refresh_per_second=4) as live:
-            return feeder.run(on_tick=observed(lambda snaps: live.update(view(snaps))), tick_s=tick_s)
+            return feeder.run(
+                on_tick=observed(lambda snaps: live.update(view(snaps))), tick_s=tick_s, stall_s=stall_s
+            )
     last = [0.0]
 
     def plain(snaps: list[DatasetSnapshot]) -> None:
@@ -242,4 +268,4 @@ def run_submit(
             console.print(_plain_line(snaps))
             last[0] = time.monotonic()
 
-    return feeder.run(on_tick=observed(plain), tick_s=tick_s)
+    return feeder.run(on_tick=observed(plain), tick_s=tick_s, stall_s=stall_s)
