@@ -52,6 +52,8 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
             server_check=not args.no_server_check,
             window=args.window,
             stall_s=args.give_up_after,
+            accept_change=args.accept_change,
+            new_version=args.new_version,
         )
     except Unsettled as e:
         if e.snapshots:
@@ -244,6 +246,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="exit 3, saying what is left, after this long with no progress and no worker online "
         "(default 900; 0 waits for ever)",
+    )
+    change = s.add_mutually_exclusive_group()
+    change.add_argument(
+        "--accept-change",
+        action="store_true",
+        help="a dataset's settings or source changed since its first submit: go on, and record the change",
+    )
+    change.add_argument(
+        "--new-version",
+        action="store_true",
+        help="a dataset changed: generate it afresh as NAME.vN, with its own ledger and output folder",
     )
     s.set_defaults(func=cmd_submit)
 
