@@ -298,7 +298,8 @@ def adopt_outputs(
             console.print(
                 f"[bold yellow]{escape(name)}: the ledger had lost this dataset (Redis restarted without "
                 f"persistence, or flushed): rebuilt from the output files: {r.samples:,} samples, "
-                f"{r.tokens:,} tokens, {r.failed:,} failed; none of them is generated again[/]"
+                f"{r.tokens:,} tokens, {r.failed:,} failed; none of them is generated again[/]",
+                soft_wrap=True,
             )
         marker_path = cfg.output_dir / name / EPOCH_MARKER
         epoch = read_marker(marker_path) or ledger.identity(name).get("epoch") or new_token()
@@ -397,9 +398,9 @@ def run_submit(
     app = make_app(cfg.redis_url)
     warning = persistence_warning(ledger)
     if warning:
-        console.print(f"[bold yellow]warning:[/] {escape(warning)}")
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     for note in identity.notes:
-        console.print(f"[yellow]{escape(note)}[/]")
+        console.print(f"[yellow]{escape(note)}[/]", soft_wrap=True)
     storage_token = ensure_storage_marker(cfg.output_dir)
     states = adopt_outputs(cfg, ledger, console, identity, storage_token)
     warn_on_disagreement(cfg, ledger, console)
