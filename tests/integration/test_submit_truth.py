@@ -124,7 +124,7 @@ def test_the_fault_matrix_scenario_end_to_end_exports_every_sample_once(
     for nm in names:
         assert_all_exported_once(ledger, nm, tmp_path, 400)
         assert status_settled(fleet.url, nm, capsys)
-        print(f"{nm}: wasted tokens {ledger.snapshot(nm).wasted_tokens}")
+    print("\nmatrix: wasted tokens " + ", ".join(str(ledger.snapshot(nm).wasted_tokens) for nm in names))
 
 
 def test_with_no_worker_online_submit_gives_up_with_exit_3_and_says_what_is_left(
