@@ -609,12 +609,15 @@ class Ledger:
 
     @_translate_errors
     def set_identity(self, name: str, **fields: str) -> None:
-        """Set some of ``IDENTITY_FIELDS`` of ``name`` (one HSET: atomic)."""
+        """Set some of ``IDENTITY_FIELDS`` of ``name`` (in one MULTI transaction: atomic)."""
         unknown = set(fields) - set(IDENTITY_FIELDS)
         if unknown:
             raise ValueError(f"unknown identity field(s): {sorted(unknown)}")
         if fields:
-            self.client.hset(dataset_keys(name).identity_hash, mapping=fields)
+            pipe = self.client.pipeline(transaction=True)
+            for field_name, value in fields.items():
+                pipe.hset(dataset_keys(name).identity_hash, field_name, value)
+            pipe.execute()
 
     @_translate_errors
     def source_digest(self, name: str) -> str | None:
