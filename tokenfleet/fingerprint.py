@@ -152,8 +152,6 @@ def compare_sources(old: bytes, new: bytes) -> SourceChange:
         elif old_entry[0] != content:
             changed += 1
             first_rewrite = line if first_rewrite is None else min(first_rewrite, line)
-        else:
-            continue
     for _content, line in before.values():
         first_rewrite = line if first_rewrite is None else min(first_rewrite, line)
     candidates = [x for x in (first_rewrite, first_added) if x is not None]

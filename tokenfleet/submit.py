@@ -180,8 +180,6 @@ def check_output_dir(cfg: FleetConfig) -> None:
         problem = probe_writable(folder)
         if problem:
             raise SubmitError(f"{cfg.source_path}: output_dir is not writable: {problem}")
-        if folder == cfg.output_dir and not cfg.datasets:
-            break
 
 
 def persistence_warning(ledger: Ledger) -> str | None:
