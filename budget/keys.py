@@ -53,6 +53,12 @@ class DatasetKeys:
     rate_tokens_hash: str
     #: Hash epoch second -> samples committed in that second.
     rate_samples_hash: str
+    #: Hash: what ties the dataset to its outputs and first submit (fields in ``budget/ledger.py``,
+    #: ``IDENTITY_FIELDS``): the epoch and storage tokens of the output folder's markers, the fingerprint of
+    #: its generation settings, the current version's name.
+    identity_hash: str
+    #: String: the source's fingerprint at its first submit (compact: see ``tokenfleet/fingerprint.py``).
+    source_digest_str: str
 
     def for_lua(self, *names: str) -> list[str]:
         """The named keys, in order, for a script's KEYS."""
@@ -74,6 +80,8 @@ def dataset_keys(name: str) -> DatasetKeys:
         strikes_hash=f"{base}:strikes:hash",
         rate_tokens_hash=f"{base}:rate_tokens:hash",
         rate_samples_hash=f"{base}:rate_samples:hash",
+        identity_hash=f"{base}:identity:hash",
+        source_digest_str=f"{base}:source_digest:str",
     )
 
 

@@ -36,6 +36,12 @@ RATE_WINDOW_S: Final = 30
 #: Retries of a patient client's command on connection errors (backoff capped at 2 s: about 30 s).
 PATIENT_RETRIES: Final = 16
 
+#: Fields of a dataset's identity hash: ``epoch`` (its output folder's epoch marker), ``storage_token``
+#: (the output dir's storage marker), ``settings`` (JSON of its generation settings at the first submit),
+#: ``version_of`` (a ``--new-version`` copy: the dataset it is a version of), ``current`` (on the first
+#: version: the name of the version submit feeds now).
+IDENTITY_FIELDS: Final = ("epoch", "storage_token", "settings", "version_of", "current")
+
 #: ``enqueue`` codes (see ``budget/lua/enqueue.lua``).
 ENQUEUE_PUBLISH: Final = 1
 ENQUEUE_SKIP: Final = 0
@@ -521,6 +527,21 @@ class Ledger:
             )
         )
 
+    @_translate_errors
+    def clear_pending(self, name: str, orphans: Sequence[str], stale: Sequence[str] = ()) -> tuple[int, int]:
+        """After a whole pass over the source: drop the pending marks of ``orphans`` (no longer in the
+        source; counted in the ledger's ``not_in_source``) and of ``stale`` ids that are done or failed by
+        now. Returns (orphans cleared, stale cleared); see ``budget/lua/clear_pending.lua``."""
+        if not orphans and not stale:
+            return (0, 0)
+        k = dataset_keys(name)
+        cleared = self._run(
+            "clear_pending",
+            k.for_lua("ledger_hash", "pending_hash", "done_hash", "failed_hash", "queued_zset", "lease_zset"),
+            [len(orphans), *orphans, *stale],
+        )
+        return int(cleared[0]), int(cleared[1])
+
     # --- reading --------------------------------------------------------------------------------
 
     @_translate_errors
@@ -623,6 +644,44 @@ class Ledger:
         )
         pipe.execute()
         return self.set_limits(name)
+
+    @_translate_errors
+    def identity(self, name: str) -> dict[str, str]:
+        """What ties ``name`` to its outputs and first submit (``IDENTITY_FIELDS``); {} when unknown."""
+        raw = self.client.hgetall(dataset_keys(name).identity_hash)
+        return {str(k): str(v) for k, v in raw.items()}
+
+    @_translate_errors
+    def set_identity(self, name: str, **fields: str) -> None:
+        """Set some of ``IDENTITY_FIELDS`` of ``name`` (in one MULTI transaction: atomic)."""
+        unknown = set(fields) - set(IDENTITY_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown identity field(s): {sorted(unknown)}")
+        if fields:
+            pipe = self.client.pipeline(transaction=True)
+            for field_name, value in fields.items():
+                pipe.hset(dataset_keys(name).identity_hash, field_name, value)
+            pipe.execute()
+
+    @_translate_errors
+    def source_digest(self, name: str) -> str | None:
+        raw = self.client.get(dataset_keys(name).source_digest_str)
+        return None if raw is None else str(raw)
+
+    @_translate_errors
+    def set_source_digest(self, name: str, digest: str) -> None:
+        self.client.set(dataset_keys(name).source_digest_str, digest)
+
+    @_translate_errors
+    def persistence(self) -> dict[str, str] | None:
+        """Redis's ``appendonly`` and ``save`` settings, or None when it forbids CONFIG GET."""
+        try:
+            out: dict[str, str] = {}
+            for key in ("appendonly", "save"):
+                out |= {str(k): str(v) for k, v in self.client.config_get(key).items()}
+            return out
+        except redis.ResponseError:
+            return None
 
     @_translate_errors
     def heartbeat(self, worker: str, facts: dict[str, Any] | None) -> None:

@@ -30,6 +30,7 @@ SCRIPT_NAMES: Final = (
     "purge_queue",
     "give_up",
     "audit_queued",
+    "clear_pending",
     "heartbeat",
     "server_acquire",
     "server_release",

@@ -4,7 +4,14 @@ The ledger decides, atomically per batch, which samples to publish (``Ledger.enq
 failed, queued or in-flight one, never more than the dataset's window, never past its sample cap, nothing
 while it is paused, revoked or exhausted. Samples a worker took but gave back (dropped while paused, at a
 limit, revoked then resumed, or a lease that expired after a worker died) are pending; once the dataset is
-quiet the feeder reads the source again to feed them.
+quiet the feeder takes back every expired lease itself (it does not wait for a worker to do it) and reads
+the source again to feed them.
+
+The end is the ledger's word, never the feeder's guess: a dataset is done when its snapshot is settled
+(nothing queued, in flight or pending, the source read; or a limit or a revoke stopped it). A pass that
+published nothing is not the end: pending samples no longer in the source (changed or removed lines) are
+taken off the pending list and counted (``not_in_source``), and the next round asks the ledger again.
+Any other end raises `Unsettled`, which says what is left.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Final
 
 import orjson
 
-from budget import DatasetSnapshot, Ledger, LedgerError, LedgerUnavailable
+from budget import DatasetSnapshot, Ledger, LedgerError, LedgerUnavailable, UnknownDataset
 from budget.ledger import (
     DEFAULT_QUEUED_AUDIT_MS,
     ENQUEUE_BUDGET_IN_FLIGHT,
@@ -44,11 +51,50 @@ AUDIT_EVERY_S: Final = 5.0
 #: Wait between tries while Redis or the broker does not answer.
 OUTAGE_RETRY_S: Final = 2.0
 
+#: Give up (`Unsettled`) after this long with no progress and no worker online; 0 waits for ever.
+DEFAULT_STALL_S: Final = 900.0
+
 log = logging.getLogger(__name__)
 
 
 class PublishError(Exception):
     """The broker refused a batch of tasks (it is probably restarting)."""
+
+
+class Unsettled(Exception):
+    """Feeding ended before every dataset settled (Ctrl-C, or no progress and no worker online)."""
+
+    def __init__(self, reason: str, snapshots: Sequence[DatasetSnapshot]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.snapshots = list(snapshots)
+
+    def left(self) -> list[str]:
+        """One line per unsettled dataset: what is left of it, and why it is not moving."""
+        return [left_line(s) for s in self.snapshots if not s.settled]
+
+
+def left_line(s: DatasetSnapshot) -> str:
+    why = {
+        "paused": "paused: `tokenfleet resume` feeds it again",
+        "active": "waiting for workers" if s.queued or s.pending else "generating",
+    }.get(s.state, s.state)
+    if s.state == "active" and not s.source_done:
+        why = "its source is not fully fed yet"
+    left = s.source_total - s.samples - s.failed if s.source_done else None
+    todo = f"{left:,} of {s.source_total:,} source samples not done, " if left is not None else ""
+    return (
+        f"{s.name}: {todo}{s.pending:,} pending, {s.inflight:,} in flight, {s.queued:,} queued "
+        f"({s.samples:,} done, {s.failed:,} failed); {why}"
+    )
+
+
+def progress_mark(snaps: Sequence[DatasetSnapshot]) -> tuple[tuple[int, ...], ...]:
+    """What changes whenever the fleet does anything for these datasets."""
+    return tuple(
+        (s.tokens, s.samples, s.failed, s.pending, s.queued, s.inflight, s.live_tokens, s.reclaimed)
+        for s in snaps
+    )
 
 
 #: Publishes samples of one dataset to the queue; raises if the broker refused.
@@ -72,14 +118,20 @@ class DatasetFeed:
     #: How records become samples (format, tokenizer, context length); None: the plain line format.
     reader: RecordReader | None = None
     buffer: deque[Sample] = field(default_factory=deque)
+    #: Passes after the first: ids pending when the pass started and not yet seen in the source.
+    unseen_pending: set[str] = field(default_factory=set)
+    #: Passes after the first: ids pending at the start that were seen in the source.
+    seen_pending: set[str] = field(default_factory=set)
     _ids: set[int] = field(default_factory=set)
     _lines: Iterator[Sample | Rejected] | None = None
 
-    def start_pass(self) -> None:
+    def start_pass(self, pending: set[str] | None = None) -> None:
         self.passes += 1
         self.pass_complete = False
         self.published_this_pass = 0
         self.buffer.clear()
+        self.unseen_pending = set(pending or ())
+        self.seen_pending = set()
         self._lines = iter_source(self.path, reader=self.reader)
         if self.passes == 1:
             self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +158,9 @@ class DatasetFeed:
                     self._reject(Rejected(item.line_no, reason, ""))
                     continue
                 self.total += 1
+            elif item.sample_id in self.unseen_pending:
+                self.unseen_pending.discard(item.sample_id)
+                self.seen_pending.add(item.sample_id)
             out.append(item)
         return out
 
@@ -154,15 +209,17 @@ class Feeder:
         return [self.ledger.snapshot(f.name) for f in self.feeds]
 
     def settled(self, feed: DatasetFeed, snap: DatasetSnapshot) -> bool:
-        if snap.queued or snap.inflight:
-            return False
+        """The ledger's word (`DatasetSnapshot.settled`), once this run has read the source."""
         if snap.state in (DatasetState.EXHAUSTED, DatasetState.REVOKED):
-            return True
-        if snap.state != DatasetState.ACTIVE or not feed.pass_complete:
-            return False
-        # Pending samples are fed by another pass; a pass that found none of them to publish means they
-        # are no longer in the source, so there is nothing left to do.
-        return snap.pending == 0 or (feed.passes > 1 and feed.published_this_pass == 0)
+            return snap.settled
+        return feed.pass_complete and snap.settled
+
+    def reclaim_expired(self, name: str) -> int:
+        """Take back every expired lease of ``name`` now (the script takes at most 256 a call)."""
+        total = 0
+        while n := self.ledger.reclaim(name):
+            total += n
+        return total
 
     def step(self) -> bool:
         """One round over the datasets. Returns True when every dataset is settled."""
@@ -180,8 +237,11 @@ class Feeder:
                 feed.start_pass()
             elif feed.pass_complete:
                 if snap.pending and not snap.queued and not snap.inflight:
+                    # Expired leases count as pending but the ledger skips a leased sample: take them
+                    # back first, or this pass would publish nothing.
+                    self.reclaim_expired(feed.name)
                     self.ledger.set_source(feed.name, done=False)
-                    feed.start_pass()
+                    feed.start_pass(self.ledger.pending_ids(feed.name))
                 else:
                     continue
             self._feed(feed)
@@ -215,23 +275,50 @@ class Feeder:
             feed.pass_complete = True
             if feed.passes == 1:
                 self.ledger.set_source(feed.name, total=feed.total, done=True, rejected=feed.rejected)
-            else:
-                self.ledger.set_source(feed.name, done=True)
+                return
+            # Pending samples the pass did not find are not in the source any more; marks of samples
+            # done or failed meanwhile are stale. Neither may keep the dataset from settling.
+            orphans, stale = sorted(feed.unseen_pending), sorted(feed.seen_pending)
+            if orphans or stale:
+                cleared, _ = self.ledger.clear_pending(feed.name, orphans, stale)
+                if cleared:
+                    log.warning(
+                        "%s: %d pending sample(s) are no longer in the source; not fed again",
+                        feed.name,
+                        cleared,
+                    )
+            feed.unseen_pending, feed.seen_pending = set(), set()
+            self.ledger.set_source(feed.name, done=True)
 
     def run(
         self,
         on_tick: Callable[[list[DatasetSnapshot]], None] | None = None,
         tick_s: float = 0.5,
         reclaim: bool = True,
+        stall_s: float = 0.0,
+        on_lost_ledger: Callable[[], None] | None = None,
     ) -> list[DatasetSnapshot]:
         """Feed until every dataset is settled; returns the final snapshots.
 
         Redis or the broker going away for a while (a restart) pauses feeding with a warning; the round is
-        tried again until they answer (Ctrl-C stops, and a rerun resumes)."""
-        last_tick = last_audit = 0.0
+        tried again until they answer (Ctrl-C stops, and a rerun resumes). With ``stall_s`` > 0, nothing
+        changing in the ledger for that long while no worker is online raises `Unsettled`. A dataset
+        missing from the ledger mid-run (Redis restarted without persistence, or flushed) calls
+        ``on_lost_ledger`` (which should rebuild it) and starts every feed afresh; without the hook it
+        raises ``UnknownDataset``."""
+        last_tick = last_audit = last_look = 0.0
+        mark: tuple[tuple[int, ...], ...] = ()
+        moved = time.monotonic()
         while True:
             try:
                 now = time.monotonic()
+                if stall_s > 0 and now - last_look >= min(1.0, stall_s):
+                    last_look = now
+                    snaps = self.snapshots()
+                    if progress_mark(snaps) != mark:
+                        mark, moved = progress_mark(snaps), now
+                    elif now - moved >= stall_s and not self.ledger.workers():
+                        raise Unsettled(f"no progress and no worker online for {now - moved:.0f} s", snaps)
                 if now - last_audit >= AUDIT_EVERY_S:
                     # The first round looks at every queued mark: one left by a producer killed between
                     # marking and publishing is found at once, not after the audit's usual delay.
@@ -248,6 +335,15 @@ class Feeder:
             except (LedgerUnavailable, PublishError) as e:
                 log.warning("feeding paused: %s; trying again in %.0f s", e, OUTAGE_RETRY_S)
                 time.sleep(OUTAGE_RETRY_S)
+                continue
+            except UnknownDataset:
+                if on_lost_ledger is None:
+                    raise
+                on_lost_ledger()
+                for feed in self.feeds:
+                    feed.passes, feed.pass_complete, feed.total, feed.rejected = 0, False, 0, 0
+                    feed.buffer.clear()
+                last_audit = 0.0
                 continue
             time.sleep(IDLE_POLL_S)
 

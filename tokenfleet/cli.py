@@ -23,6 +23,8 @@ from tokenfleet.view import fleet_view, snapshot_json, status_table, workers_jso
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: submit stopped before every dataset settled (no progress and no worker online); it says what is left.
+EXIT_UNSETTLED = 3
 EXIT_INTERRUPTED = 130
 
 
@@ -39,10 +41,28 @@ def _ledger(args: argparse.Namespace) -> Ledger:
 
 
 def cmd_submit(args: argparse.Namespace, console: Console) -> int:
+    from producer.feeder import Unsettled
     from tokenfleet.submit import run_submit
 
     cfg = load_config(args.config)
-    snaps = run_submit(cfg, console, server_check=not args.no_server_check, window=args.window)
+    try:
+        snaps = run_submit(
+            cfg,
+            console,
+            server_check=not args.no_server_check,
+            window=args.window,
+            stall_s=args.give_up_after,
+            accept_change=args.accept_change,
+            new_version=args.new_version,
+        )
+    except Unsettled as e:
+        if e.snapshots:
+            console.print(status_table(e.snapshots, title="not settled"))
+        sys.stderr.write(f"submit stopped before every dataset settled: {e.reason}\n")
+        for line in e.left():
+            sys.stderr.write(f"  {line}\n")
+        sys.stderr.write("nothing is lost: run the same command again to resume\n")
+        return EXIT_INTERRUPTED if e.reason == "interrupted" else EXIT_UNSETTLED
     console.print(status_table(snaps, title="settled"))
     return EXIT_OK
 
@@ -219,6 +239,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config")
     s.add_argument("--no-server-check", action="store_true", help="skip the one-token probe of each server")
     s.add_argument("--window", type=int, default=512, help="tasks kept queued per dataset (default 512)")
+    s.add_argument(
+        "--give-up-after",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="exit 3, saying what is left, after this long with no progress and no worker online "
+        "(default 900; 0 waits for ever)",
+    )
+    change = s.add_mutually_exclusive_group()
+    change.add_argument(
+        "--accept-change",
+        action="store_true",
+        help="a dataset's settings or source changed since its first submit: go on, and record the change",
+    )
+    change.add_argument(
+        "--new-version",
+        action="store_true",
+        help="a dataset changed: generate it afresh as NAME.vN, with its own ledger and output folder",
+    )
     s.set_defaults(func=cmd_submit)
 
     s = with_redis(sub.add_parser("status", help="per dataset: state, tokens, samples, failures, queue"))
@@ -296,6 +335,7 @@ def _error(message: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from producer.feeder import Unsettled
     from tokenfleet.submit import SubmitError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -310,6 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args, console))
     except (ConfigError, SourceError, LedgerError, SubmitError) as e:
         _error(e)
+    except Unsettled as e:
+        sys.stderr.write(f"stopped before every dataset settled: {e.reason}\n")
+        for line in e.left():
+            sys.stderr.write(f"  {line}\n")
+        return EXIT_INTERRUPTED if e.reason == "interrupted" else EXIT_UNSETTLED
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: nothing is lost; run the same command again to resume\n")
         return EXIT_INTERRUPTED

@@ -7,23 +7,41 @@ exit code 2, with nothing half-done.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.markup import escape
 
-from budget import DatasetLimits, DatasetSnapshot, Ledger
+from budget import DatasetLimits, DatasetSnapshot, Ledger, LedgerError
 from budget.servers import ServerLedger
+from budget.storage import (
+    EPOCH_MARKER,
+    ensure_storage_marker,
+    new_token,
+    probe_writable,
+    read_marker,
+    write_marker,
+)
 from producer.chat import ChatError
-from producer.feeder import DEFAULT_WINDOW, DatasetFeed, Feeder
+from producer.feeder import DEFAULT_STALL_S, DEFAULT_WINDOW, DatasetFeed, Feeder, Unsettled
 from producer.formats import CHAT_SHAPES
 from producer.source import RecordReader, SourceError, SourceOptions, first_record
-from tokenfleet.config import FleetConfig, redact_url
+from tokenfleet.config import DatasetConfig, FleetConfig, redact_url
+from tokenfleet.fingerprint import (
+    compare_sources,
+    decode,
+    encode,
+    settings_changes,
+    settings_of,
+    source_fingerprint,
+)
 from tokenfleet.publish import TaskPublisher
-from tokenfleet.reconcile import disagreement
+from tokenfleet.reconcile import count_part_lines, disagreement, reconcile_dataset
 from tokenfleet.server_facts import ServerFacts, learn, smallest
 from tokenfleet.view import fleet_view
 from workers.settings import QUEUE_NAME
@@ -37,6 +55,10 @@ PROBE_INPUT_IDS: Final = [1, 2, 3]
 PROBE_TIMEOUT_S: Final = 60.0
 #: Without a terminal, how often to print a progress line.
 PLAIN_PROGRESS_EVERY_S: Final = 10.0
+#: When the ledger vanishes mid-run, wait this long before rebuilding it from the output files: a worker
+#: that finished a generation as Redis went away writes its record first (its commit then fails), and
+#: every other generation stops at its next chunk (its lease is gone).
+LOST_LEDGER_GRACE_S: Final = 2.0
 
 
 class SubmitError(Exception):
@@ -147,14 +169,178 @@ def check_servers(cfg: FleetConfig, client: SGLangClient) -> dict[str, ServerFac
 
 
 def register(
-    cfg: FleetConfig, ledger: Ledger, servers: Mapping[str, ServerFacts] | None = None
+    cfg: FleetConfig,
+    ledger: Ledger,
+    storage_token: str | None = None,
+    servers: Mapping[str, ServerFacts] | None = None,
 ) -> dict[str, str]:
+    """Register (or update) every dataset of ``cfg``; ``storage_token`` goes into each spec, for workers
+    to check they write to the storage submit marked (`budget.storage.check_same_storage`). ``servers``:
+    what submit learned of each server (asked now when not given)."""
     if servers is None:
         servers = learn_servers(cfg)
     states = {}
     for ds in cfg.datasets:
         limits = DatasetLimits(ds.token_budget, ds.max_samples, ds.on_budget)
-        states[ds.name] = ledger.register(ds.name, limits, dataset_spec(cfg, ds.name, servers))
+        spec = dataset_spec(cfg, ds.name, servers)
+        if storage_token is not None:
+            spec["storage_token"] = storage_token
+        states[ds.name] = ledger.register(ds.name, limits, spec)
+    return states
+
+
+@dataclass
+class Identity:
+    """What submit found about the datasets before writing anything (`check_identity`)."""
+
+    cfg: FleetConfig
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sources: dict[str, bytes] = field(default_factory=dict)
+    #: Datasets whose recorded settings and source fingerprint are replaced by this submit's.
+    record: set[str] = field(default_factory=set)
+    #: New version name -> the dataset it is a version of.
+    versions: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def check_output_dir(cfg: FleetConfig) -> None:
+    """``output_dir`` and each dataset's folder take a new file (a probe, removed at once)."""
+    for folder in [cfg.output_dir, *(cfg.output_dir / ds.name for ds in cfg.datasets)]:
+        problem = probe_writable(folder)
+        if problem:
+            raise SubmitError(f"{cfg.source_path}: output_dir is not writable: {problem}")
+
+
+def persistence_warning(ledger: Ledger) -> str | None:
+    """A warning when Redis keeps no append-only file (a restart then loses the ledger's recent changes,
+    or all of it); None when it does, or when Redis forbids CONFIG."""
+    found = ledger.persistence()
+    if found is None or found.get("appendonly", "no") == "yes":
+        return None
+    snapshots = "with RDB snapshots only" if found.get("save") else "with no persistence at all"
+    return (
+        f"Redis runs {snapshots} (appendonly no): a restart loses the ledger. submit rebuilds it from the "
+        "output files, but set appendonly yes (with appendfsync everysec) to keep it"
+    )
+
+
+def _next_version(ledger: Ledger, base: str, current: str, known: set[str]) -> str:
+    k = int(current.rsplit(".v", 1)[1]) + 1 if current != base and ".v" in current else 2
+    while f"{base}.v{k}" in known:
+        k += 1
+    return f"{base}.v{k}"
+
+
+def check_identity(
+    cfg: FleetConfig, ledger: Ledger, *, accept_change: bool = False, new_version: bool = False
+) -> Identity:
+    """Fingerprint each dataset's settings and source and compare them with its first submit's. A change
+    is a SubmitError naming it, unless ``accept_change`` (record the new fingerprints) or ``new_version``
+    (feed it as ``NAME.vN``, a dataset of its own with its own output folder). Writes nothing."""
+    known = set(ledger.datasets())
+    out = Identity(cfg)
+    datasets: list[DatasetConfig] = []
+    for ds in cfg.datasets:
+        base = ds.name
+        current = ledger.identity(base).get("current", base) if base in known else base
+        mine = ledger.identity(current) if current in known else {}
+        settings = settings_of(ds)
+        try:
+            source = source_fingerprint(ds.path, ds.id_field)
+        except SourceError as e:
+            raise SubmitError(f'{cfg.source_path}: dataset "{base}": {e}') from None
+        old_settings = json.loads(mine["settings"]) if mine.get("settings") else None
+        old_source = ledger.source_digest(current) if current in known else None
+        changes = settings_changes(old_settings, settings) if old_settings is not None else []
+        src = compare_sources(decode(old_source), source) if old_source else None
+        if src is not None and src.rewrites:
+            changes.append(f"source {ds.path}: {src.describe()}")
+        name = current
+        if changes:
+            shown = f'dataset "{base}"' + (f" (version {current})" if current != base else "")
+            what = "; ".join(changes)
+            if new_version:
+                name = _next_version(ledger, base, current, known)
+                out.versions[name] = base
+                out.notes.append(f"{shown} changed ({what}): fed as a new version, {name}")
+            elif accept_change:
+                out.notes.append(f"{shown} changed ({what}): going on as told (--accept-change)")
+            else:
+                raise SubmitError(
+                    f"{cfg.source_path}: {shown} changed since its first submit: {what}. Its samples would "
+                    "mix the old and the new; pass --accept-change to go on and record the change, or "
+                    f"--new-version to generate it afresh as {_next_version(ledger, base, current, known)} "
+                    "in its own output folder"
+                )
+        elif src is not None and src.added:
+            out.notes.append(f'dataset "{name}": {src.added:,} new source line(s)')
+        if old_settings is None or old_source is None or changes or (src is not None and src.added):
+            out.record.add(name)
+        out.settings[name] = settings
+        out.sources[name] = source
+        datasets.append(ds if name == base else ds.model_copy(update={"name": name}))
+        # The output folder must belong to this ledger (or to none).
+        marker = read_marker(cfg.output_dir / name / EPOCH_MARKER)
+        epoch = ledger.identity(name).get("epoch") if name in known else None
+        if marker and epoch and marker != epoch:
+            raise SubmitError(
+                f"{cfg.output_dir / name}: its epoch marker ({EPOCH_MARKER}) is not this ledger's: the "
+                "folder was written for another Redis; use another output_dir (or remove the marker if this "
+                "ledger is the right one)"
+            )
+    out.cfg = cfg.model_copy(update={"datasets": datasets})
+    return out
+
+
+def adopt_outputs(
+    cfg: FleetConfig,
+    ledger: Ledger,
+    console: Console,
+    identity: Identity,
+    storage_token: str,
+    *,
+    only: set[str] | None = None,
+    servers: Mapping[str, ServerFacts] | None = None,
+) -> dict[str, str]:
+    """Register the datasets; first rebuild from the output files any whose ledger vanished (an epoch
+    marker or part files, and a ledger that does not know it); then record epochs, fingerprints and
+    markers. ``only``: just these datasets (the ones lost mid-run). Returns the datasets' states."""
+    known = set(ledger.datasets())
+    lost = {
+        ds.name
+        for ds in cfg.datasets
+        if ds.name not in known
+        and (
+            read_marker(cfg.output_dir / ds.name / EPOCH_MARKER) is not None
+            or count_part_lines(cfg.output_dir / ds.name) > 0
+        )
+    }
+    states = register(cfg, ledger, storage_token, servers)
+    for ds in cfg.datasets:
+        name = ds.name
+        if only is not None and name not in only:
+            continue
+        if name in lost:
+            r = reconcile_dataset(ledger, name, cfg.output_dir)
+            states[name] = r.state
+            console.print(
+                f"[bold yellow]{escape(name)}: the ledger had lost this dataset (Redis restarted without "
+                f"persistence, or flushed): rebuilt from the output files: {r.samples:,} samples, "
+                f"{r.tokens:,} tokens, {r.failed:,} failed; none of them is generated again[/]",
+                soft_wrap=True,
+            )
+        marker_path = cfg.output_dir / name / EPOCH_MARKER
+        epoch = read_marker(marker_path) or ledger.identity(name).get("epoch") or new_token()
+        fields = {"epoch": epoch, "storage_token": storage_token}
+        if name in identity.record or name in lost:
+            fields["settings"] = json.dumps(identity.settings[name], sort_keys=True)
+            ledger.set_source_digest(name, encode(identity.sources[name]))
+        if name in identity.versions:
+            fields["version_of"] = identity.versions[name]
+            ledger.set_identity(identity.versions[name], current=name)
+        ledger.set_identity(name, **fields)
+        if read_marker(marker_path) != epoch:
+            write_marker(marker_path, epoch)
     return states
 
 
@@ -224,9 +410,14 @@ def run_submit(
     server_check: bool = True,
     window: int = DEFAULT_WINDOW,
     observer: Callable[[list[DatasetSnapshot]], None] | None = None,
+    stall_s: float = DEFAULT_STALL_S,
+    accept_change: bool = False,
+    new_version: bool = False,
 ) -> list[DatasetSnapshot]:
-    """Checks, registers and feeds; returns the settled snapshots. Raises SubmitError or LedgerError.
-    ``observer`` sees every snapshot the progress display sees (benchmarks time state changes with it)."""
+    """Checks, registers and feeds; returns the snapshots once every dataset is settled in the ledger.
+    Raises SubmitError or LedgerError, or `Unsettled` (with what is left) on Ctrl-C or after ``stall_s``
+    with no progress and no worker online. ``observer`` sees every snapshot the progress display sees
+    (benchmarks time state changes with it)."""
     Ledger.from_url(cfg.redis_url).ping()  # fail fast on a wrong URL, before anything is written
     ledger = Ledger.from_url(cfg.redis_url, patient=True)
     if server_check:
@@ -241,6 +432,9 @@ def run_submit(
             "readable here): pre-tokenized ids are not checked, and an id outside the vocabulary crashes "
             "a real SGLang server; set \\[server] vocab_size"
         )
+    check_output_dir(cfg)
+    identity = check_identity(cfg, ledger, accept_change=accept_change, new_version=new_version)
+    cfg = identity.cfg  # a --new-version dataset is fed under its version's name
     # Without the server check, prompts are not held against the servers' limits (they fail on the
     # server, with its message); ids outside the vocabulary are always refused: they crash a server.
     feeds = feeds_for(  # loads the tokenizers: before anything is registered
@@ -253,8 +447,14 @@ def run_submit(
     from workers.app import make_app
 
     app = make_app(cfg.redis_url)
+    warning = persistence_warning(ledger)
+    if warning:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+    for note in identity.notes:
+        console.print(f"[yellow]{escape(note)}[/]", soft_wrap=True)
+    storage_token = ensure_storage_marker(cfg.output_dir)
+    states = adopt_outputs(cfg, ledger, console, identity, storage_token, servers=servers)
     warn_on_disagreement(cfg, ledger, console)
-    states = register(cfg, ledger, servers)
     for name, state in states.items():
         if state in ("paused", "revoked"):
             console.print(f"[yellow]{name} is {state}: nothing is fed until `tokenfleet resume {name}`[/]")
@@ -263,6 +463,18 @@ def run_submit(
     feeder = Feeder(
         ledger, TaskPublisher(app, cfg.samples_per_task), feeds, window=window, queue_key=QUEUE_NAME
     )
+
+    def on_lost_ledger() -> None:
+        time.sleep(LOST_LEDGER_GRACE_S)
+        known = set(ledger.datasets())
+        missing = {ds.name for ds in cfg.datasets if ds.name not in known}
+        console.print(
+            f"[bold red]the ledger vanished mid-run[/] ({', '.join(sorted(missing)) or 'no dataset'} "
+            "missing): Redis restarted without persistence, or was flushed; rebuilding it"
+        )
+        adopt_outputs(cfg, ledger, console, identity, storage_token, only=missing, servers=servers)
+        # The broker's queue and routing went with it: publish through a new connection.
+        feeder.publish = TaskPublisher(make_app(cfg.redis_url), cfg.samples_per_task)
 
     def observed(show: Callable[[list[DatasetSnapshot]], None]) -> Callable[[list[DatasetSnapshot]], None]:
         def tick(snaps: list[DatasetSnapshot]) -> None:
@@ -273,6 +485,28 @@ def run_submit(
         return tick
 
     tick_s = 0.05 if observer is not None else 0.5
+    try:
+        snaps = _feed_until_settled(feeder, ledger, console, observed, tick_s, stall_s, on_lost_ledger)
+    except KeyboardInterrupt:
+        try:
+            snaps = feeder.snapshots()
+        except LedgerError:
+            snaps = []
+        raise Unsettled("interrupted", snaps) from None
+    if not all(s.settled for s in snaps):  # the ledger has the last word, never the feeder's guess
+        raise Unsettled("the feeder stopped before the ledger settled", snaps)
+    return snaps
+
+
+def _feed_until_settled(
+    feeder: Feeder,
+    ledger: Ledger,
+    console: Console,
+    observed: Callable[[Callable[[list[DatasetSnapshot]], None]], Callable[[list[DatasetSnapshot]], None]],
+    tick_s: float,
+    stall_s: float,
+    on_lost_ledger: Callable[[], None],
+) -> list[DatasetSnapshot]:
     if console.is_terminal:
         mine = full_version()
 
@@ -281,7 +515,12 @@ def run_submit(
             return fleet_view(snaps, ledger.workers(), mine, title="tokenfleet submit", servers=servers)
 
         with Live(view(feeder.snapshots()), console=console, refresh_per_second=4) as live:
-            return feeder.run(on_tick=observed(lambda snaps: live.update(view(snaps))), tick_s=tick_s)
+            return feeder.run(
+                on_tick=observed(lambda snaps: live.update(view(snaps))),
+                tick_s=tick_s,
+                stall_s=stall_s,
+                on_lost_ledger=on_lost_ledger,
+            )
     last = [0.0]
 
     def plain(snaps: list[DatasetSnapshot]) -> None:
@@ -289,4 +528,4 @@ def run_submit(
             console.print(_plain_line(snaps))
             last[0] = time.monotonic()
 
-    return feeder.run(on_tick=observed(plain), tick_s=tick_s)
+    return feeder.run(on_tick=observed(plain), tick_s=tick_s, stall_s=stall_s, on_lost_ledger=on_lost_ledger)

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from budget import Admission, Ledger, Progress
@@ -117,6 +118,14 @@ class SampleRunner:
         if admitted.admission is not Admission.OK or admitted.spec is None:
             return Outcome("dropped", admitted.admission.value)
         self.stops.start()
+        spec = admitted.spec
+        output_dir = Path(spec["output_dir"])
+        problem = self.output_guard.check_storage(
+            dataset, dataset_dir(output_dir, dataset), output_dir, spec.get("storage_token")
+        )
+        if problem is not None:  # not the storage submit checked: records written here would be lost
+            self.ledger.release(dataset, sid, attempt, "output_unwritable")
+            return Outcome("dropped", f"output_unwritable: {problem}")
         lease = self.keeper.hold(dataset, sid, attempt)
         try:
             return self._generate(dataset, sample, sid, attempt, admitted.spec, lease)

@@ -424,6 +424,8 @@ def test_forget_deletes_every_key_of_the_dataset_and_only_that_one(
     ledger.admit(DS, "s3", "a")
     ledger.progress(DS, "s3", "a", 2)
     ledger.unqueue(DS, ["s4"], "publish failed")
+    ledger.set_identity(DS, epoch="e1")
+    ledger.set_source_digest(DS, "digest")
     every_key = set(dataclasses.asdict(ledger.keys_of(DS)).values())
     # all but the (empty) queued set and the strikes hash nothing gave up on
     expected = every_key - {ledger.keys_of(DS).queued_zset, ledger.keys_of(DS).strikes_hash}
