@@ -37,6 +37,10 @@ MAX_RUNNING_REQUESTS: Final = 32
 CONTEXT_LENGTH: Final = 2048
 VOCAB_SIZE: Final = 2048
 GENERATION_COUNTER: Final = "sglang:generation_tokens_total"
+RUNNING_GAUGE: Final = "sglang:num_running_reqs"
+QUEUED_GAUGE: Final = "sglang:num_queue_reqs"
+#: How long the generation counter must stay still for the server to count as idle.
+IDLE_CHECK_S: Final = 0.5
 #: The recipe waits up to 300 s for /health; installing takes 3-4 minutes more.
 RECIPE_TIMEOUT_S: Final = 900.0
 HTTP_TIMEOUT_S: Final = 10.0
@@ -217,13 +221,16 @@ class RealServer:
         return int(self.metrics().get(GENERATION_COUNTER, 0.0))
 
     def wait_idle(self, timeout_s: float = 60.0) -> None:
-        """Until the server runs and queues nothing."""
+        """Until the server runs and queues nothing, and its generation counter stays still for a while."""
         deadline = time.monotonic() + timeout_s
+        last: float | None = None
         while time.monotonic() < deadline:
             m = self.metrics()
-            if m.get("sglang:num_running_reqs", 0) == 0 and m.get("sglang:num_queue_reqs", 0) == 0:
+            busy = m[RUNNING_GAUGE] + m[QUEUED_GAUGE]
+            if busy == 0 and m.get(GENERATION_COUNTER, 0.0) == last:
                 return
-            time.sleep(0.2)
+            last = m.get(GENERATION_COUNTER, 0.0) if busy == 0 else None
+            time.sleep(IDLE_CHECK_S)
         raise AssertionError(f"the server on {self.url} is still busy after {timeout_s} s")
 
     def _log_events(self, needle: str) -> Iterator[dict[str, Any]]:

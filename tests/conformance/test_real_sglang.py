@@ -22,7 +22,7 @@ from tests.conformance.helpers import (
     wait_for,
     write_fleet_config,
 )
-from tests.conformance.real_server import MAX_RUNNING_REQUESTS, VOCAB_SIZE, RealServer
+from tests.conformance.real_server import MAX_RUNNING_REQUESTS, QUEUED_GAUGE, VOCAB_SIZE, RealServer
 from tests.integration.conftest import read_jsonl
 from tokenfleet.cli import main
 from workers.rids import dataset_tag
@@ -166,7 +166,7 @@ def test_a_revoke_stops_the_servers_generation_for_the_dataset_within_1_second_a
         return (
             revoked in fleet_ledger.datasets()
             and fleet_ledger.snapshot(revoked).inflight > MAX_RUNNING_REQUESTS
-            and live_server.metrics().get("sglang:num_queue_reqs", 0) > 0
+            and live_server.metrics()[QUEUED_GAUGE] > 0
         )
 
     wait_for(crowded, 90, "requests waiting in the server's queue")
