@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck check install clean
+.PHONY: demo test conformance lint typecheck check install clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,6 +28,19 @@ test: $(VENV)/.installed lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 check: test typecheck
+
+# The fleet against the real SGLang server (docs/servers.md). The recipe installs sglang for the CPU under
+# REAL_SGLANG_ROOT once (3-4 minutes, ~6 GB) and serves a tiny model on REAL_SGLANG_PORT (the keyed server
+# of one test takes the next port); a server already answering there with the suite's flags is reused.
+REAL_SGLANG_RECIPE ?= /work/shared/real-sglang/recipe.sh
+REAL_SGLANG_ROOT ?= $(HOME)/.cache/real-sglang
+REAL_SGLANG_PORT ?= 31000
+REAL_SGLANG := REAL_SGLANG_RECIPE=$(REAL_SGLANG_RECIPE) REAL_SGLANG_ROOT=$(REAL_SGLANG_ROOT) REAL_SGLANG_PORT=$(REAL_SGLANG_PORT)
+
+conformance: $(VENV)/.installed
+	$(PY) scripts/ensure_redis.py
+	$(REAL_SGLANG) $(PY) -m tests.conformance.real_server install
+	$(REAL_SGLANG) $(PY) -m pytest tests/conformance -m conformance $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache tokenfleet-demo
