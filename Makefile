@@ -32,7 +32,7 @@ check: test typecheck
 # The fleet against the real SGLang server (docs/servers.md). The recipe installs sglang for the CPU under
 # REAL_SGLANG_ROOT once (3-4 minutes, ~6 GB) and serves a tiny model on REAL_SGLANG_PORT (the keyed server
 # of one test takes the next port); a server already answering there with the suite's flags is reused.
-REAL_SGLANG_RECIPE ?= /work/shared/real-sglang/recipe.sh
+REAL_SGLANG_RECIPE ?= $(abspath $(CURDIR)/../shared/real-sglang/recipe.sh)
 REAL_SGLANG_ROOT ?= $(HOME)/.cache/real-sglang
 REAL_SGLANG_PORT ?= 31000
 REAL_SGLANG := REAL_SGLANG_RECIPE=$(REAL_SGLANG_RECIPE) REAL_SGLANG_ROOT=$(REAL_SGLANG_ROOT) REAL_SGLANG_PORT=$(REAL_SGLANG_PORT)

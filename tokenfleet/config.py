@@ -68,6 +68,7 @@ __all__ = [
     "DATASET_NAME_MAX_LEN",
     "DEFAULT_OUTPUT_DIR",
     "DEFAULT_REDIS_URL",
+    "DEFAULT_STALL_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
     "REDIS_URL_ENV",
     "ConfigError",
@@ -83,6 +84,7 @@ __all__ = [
 
 DEFAULT_OUTPUT_DIR: Final = "out"
 DEFAULT_TIMEOUT_S: Final = 1800.0
+DEFAULT_STALL_TIMEOUT_S: Final = 60.0
 DATASET_NAME_MAX_LEN: Final = 128
 
 OnBudget = Literal["truncate", "discard", "drain"]
@@ -345,6 +347,10 @@ class ServerConfig(ServerKeys):
 
     urls: ServerUrls
     timeout_s: Timeout = DEFAULT_TIMEOUT_S
+    #: A stream that sends nothing for this long (before its first chunk, or between two) is stalled: it
+    #: is aborted and retried on another server, and the server gets no new work until a real generation
+    #: succeeds there. A few times the longest normal gap: a long prefill on a busy server.
+    stall_timeout_s: Timeout = DEFAULT_STALL_TIMEOUT_S
     max_inflight_per_server: PositiveInt | None = None
     #: The model's vocabulary size, only when submit cannot learn it from the servers (their
     #: ``/model_info`` names a model folder whose ``config.json`` is not readable here).

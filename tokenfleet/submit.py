@@ -110,6 +110,7 @@ def dataset_spec(
         "servers": list(cfg.server.urls),
         "max_inflight_per_server": caps,
         "timeout_s": cfg.server.timeout_s,
+        "stall_timeout_s": cfg.server.stall_timeout_s,
         "sampling": ds.sampling,
         "output_dir": str(cfg.output_dir),
         "on_budget": ds.on_budget,

@@ -95,9 +95,12 @@ class Conversation:
             timeout_s: float,
             on_tokens: OnTokens,
             stop: StopHandle | None = None,
+            stall_timeout_s: float | None = None,
             **_prompt: Any,
         ) -> Generation:
-            return self._generate(client, server, rid, sampling_params, timeout_s, on_tokens, keep_turn, stop)
+            return self._generate(
+                client, server, rid, sampling_params, timeout_s, on_tokens, keep_turn, stop, stall_timeout_s
+            )
 
         return generate
 
@@ -119,6 +122,7 @@ class Conversation:
         on_tokens: OnTokens,
         keep_turn: Callable[[], None],
         stop: StopHandle | None = None,
+        stall_timeout_s: float | None = None,
     ) -> Generation:
         chat = self._tokenizer()
         while len(self.generations) < self.replies:
@@ -146,6 +150,7 @@ class Conversation:
                     timeout_s=timeout_s,
                     on_tokens=counted,
                     stop=stop,
+                    stall_timeout_s=stall_timeout_s,
                 )
             except RequestRejected as e:
                 if reply == 0:

@@ -24,7 +24,7 @@ from workers.conversation import Conversation, record_fields
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard
 from workers.rids import new_rid
-from workers.servers import ServerPicker, SlotWaitCancelled
+from workers.servers import PROBE_TIMEOUT_S, ServerPicker, SlotWaitCancelled
 from workers.sglang.auth import MissingKey, server_auth
 from workers.sglang.client import (
     Generation,
@@ -99,11 +99,27 @@ class SampleRunner:
         self.sink = sink
         self.keeper = keeper
         self.lease_ms = lease_ms
-        self.picker = ServerPicker(ledger.client, lease_ms)
+        self.picker = ServerPicker(ledger.client, lease_ms, prober=self._probe_generation)
         self.inflight = InflightRequests()
         self.stops = StopWatcher(ledger, self.inflight, client)
         self.output_guard = OutputGuard(ledger, sink)
         self.sleep = sleep
+
+    def _probe_generation(self, server: str) -> tuple[bool, str]:
+        """Whether a down server generates again: one real one-token generation (not ``/health``, which a
+        wedged engine may still answer with 200)."""
+        try:
+            self.client.generate(
+                server,
+                rid=new_rid("tokenfleet-probe"),
+                sampling_params={"max_new_tokens": 1},
+                text="ping",
+                timeout_s=PROBE_TIMEOUT_S,
+                stall_timeout_s=PROBE_TIMEOUT_S,
+            )
+        except SGLangError as e:
+            return False, f"probe generation: {e.message}"
+        return True, "probe generation answered"
 
     def run(self, dataset: str, sample: dict[str, Any]) -> Outcome:
         sid = str(sample["sample_id"])
@@ -210,6 +226,7 @@ class SampleRunner:
                                 timeout_s=float(spec.get("timeout_s", 1800)),
                                 on_tokens=on_tokens,
                                 stop=request.handle,
+                                stall_timeout_s=spec.get("stall_timeout_s"),
                             )
                         except (RequestRejected, ProtocolError) as e:
                             return self._fail(dataset, sample, sid, attempt, spec, e.message, live)

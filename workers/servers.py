@@ -34,6 +34,7 @@ import redis
 
 from budget import LedgerError
 from budget.servers import ServerLedger, ServerOutcome
+from workers.sglang.client import ServerStalled
 from workers.sglang.protocol import HEALTH_PATH
 from workers.sglang.wire import tls_context
 
@@ -56,6 +57,9 @@ WAIT_MAX_S: Final = 0.25
 TICK_MAX_S: Final = 1.0
 #: A worker stops probing a server it has not picked among for this long (the config moved on).
 FORGET_AFTER_S: Final = 3600.0
+
+#: Probes a down server: (whether it is back, what was seen).
+Prober = Callable[[str], tuple[bool, str]]
 
 #: ``caps`` of ``use``: one cap for every server, or one per server URL (None or absent: no cap).
 Caps = Mapping[str, int | None] | int | None
@@ -82,6 +86,7 @@ class ServerPicker:
         *,
         fail_threshold: int = DEFAULT_FAIL_THRESHOLD,
         probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+        prober: Prober | None = None,
     ) -> None:
         self.board = ServerLedger(client)
         self._lease_ms = lease_ms
@@ -96,6 +101,7 @@ class ServerPicker:
         self._local = threading.local()  # .pending: (server, ended_ms) of this thread's last generation
         self._freed = threading.Condition()  # notified when this process gives a slot back
         self._http = httpx.Client(timeout=max(probe_interval_s, PROBE_TIMEOUT_S), verify=tls_context())
+        self._prober: Prober = prober or self._health_probe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -179,7 +185,10 @@ class ServerPicker:
         self._local.pending = None
         ended_ms = pending[1] if pending is not None and pending[0] == avoid else 0
         if avoid is not None and failure is not None:
-            self._report(avoid, ServerOutcome.FAIL, ended_ms, str(failure))
+            # A stalled server (silent past the stall timeout) is suspect at once: a wedged engine would
+            # otherwise take a slot per generation for minutes, three times over.
+            threshold = 1 if isinstance(failure, ServerStalled) else None
+            self._report(avoid, ServerOutcome.FAIL, ended_ms, str(failure), threshold)
         elif pending is not None:
             with self._lock:
                 # A success changes something only where failures were counted or the server is down.
@@ -187,13 +196,20 @@ class ServerPicker:
             if worth_it:
                 self._report(pending[0], ServerOutcome.OK, pending[1])
 
-    def _report(self, server: str, outcome: ServerOutcome, at_ms: int = 0, message: str = "") -> None:
+    def _report(
+        self,
+        server: str,
+        outcome: ServerOutcome,
+        at_ms: int = 0,
+        message: str = "",
+        fail_threshold: int | None = None,
+    ) -> None:
         try:
             health = self.board.report(
                 server,
                 outcome,
                 at_ms=at_ms,
-                fail_threshold=self._fail_threshold,
+                fail_threshold=fail_threshold or self._fail_threshold,
                 probe_interval_ms=self._probe_interval_ms,
                 message=message,
             )
@@ -205,13 +221,19 @@ class ServerPicker:
         elif health.changed:
             log.warning("server %s is up again (%s)", server, outcome.value)
 
+    def _health_probe(self, server: str) -> tuple[bool, str]:
+        try:
+            reply = self._http.get(server + HEALTH_PATH)
+            return reply.status_code == 200, f"GET {HEALTH_PATH}: HTTP {reply.status_code}"
+        except httpx.HTTPError as e:
+            return False, f"GET {HEALTH_PATH}: {type(e).__name__}: {e}"
+
     def _probe(self, server: str) -> None:
         try:
             try:
-                reply = self._http.get(server + HEALTH_PATH)
-                ok, message = reply.status_code == 200, f"GET {HEALTH_PATH}: HTTP {reply.status_code}"
-            except httpx.HTTPError as e:
-                ok, message = False, f"GET {HEALTH_PATH}: {type(e).__name__}: {e}"
+                ok, message = self._prober(server)
+            except Exception as e:  # a probe that breaks says the server is not back
+                ok, message = False, f"probe: {type(e).__name__}: {e}"
             self._report(server, ServerOutcome.PROBE_OK if ok else ServerOutcome.PROBE_FAIL, 0, message)
         finally:
             with self._lock:

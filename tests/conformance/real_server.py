@@ -30,7 +30,8 @@ from typing import Any, Final
 
 import httpx
 
-DEFAULT_RECIPE: Final = "/work/shared/real-sglang/recipe.sh"
+#: The recipe in the ``shared/`` folder beside the checkout (where it lies on the team's machines and CI's).
+DEFAULT_RECIPE: Final = str(Path(__file__).resolve().parents[3] / "shared" / "real-sglang" / "recipe.sh")
 DEFAULT_PORT: Final = 31000
 #: The recipe's own launch flags include ``--max-running-requests 32`` and ``--context-length 2048``.
 MAX_RUNNING_REQUESTS: Final = 32

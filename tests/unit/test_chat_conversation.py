@@ -51,6 +51,7 @@ class ScriptedClient:
         timeout_s: float = 1.0,
         on_tokens: Callable[[int], bool] | None = None,
         stop: object = None,
+        stall_timeout_s: object = None,
     ) -> Generation:
         assert input_ids is not None and text is None
         call = len(self.prompts)

@@ -49,7 +49,7 @@ MAX_REQ_INPUT_RESERVE: Final = 6
 
 #: Knobs ``POST /sim/config`` may change while the server runs.
 RUNTIME_KNOBS: Final[frozenset[str]] = frozenset(
-    {"error_rate", "drop_rate", "abort_rate", "step_time_s", "fixed_output_len", "output_len_mean"}
+    {"error_rate", "drop_rate", "abort_rate", "step_time_s", "fixed_output_len", "output_len_mean", "wedged"}
 )
 #: Fields never shown by the server (``/server_info``, ``/sim/config``) nor logged.
 SECRET_FIELDS: Final[frozenset[str]] = frozenset({"api_key", "admin_api_key"})
@@ -124,6 +124,10 @@ class SimConfig:
         default=0.0, metadata=_help("fraction of requests the server aborts (retracted, then aborted)")
     )
     seed: int = field(default=0, metadata=_help("seed of the fault decisions"))
+    wedged: bool = field(
+        default=False,
+        metadata=_help("the engine makes no progress (no decode step) while /health still answers 200"),
+    )
     model_path: str | None = field(
         default=None,
         metadata=_help("model folder reported by /model_info (default: a temp folder with a config.json)"),
@@ -222,7 +226,11 @@ def updated_config(config: SimConfig, changes: Mapping[str, Any]) -> SimConfig:
     return dataclasses.replace(config, **values)
 
 
-def _coerce_knob(name: str, value: Any) -> float | int | None:
+def _coerce_knob(name: str, value: Any) -> float | int | bool | None:
+    if name == "wedged":
+        if isinstance(value, bool):
+            return value
+        raise ValueError("wedged must be true or false")
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
     if name == "fixed_output_len":
         if value is None or (isinstance(value, int) and not isinstance(value, bool)):
@@ -674,6 +682,8 @@ class SimEngine:
             if deadline < now - step_s:
                 deadline = now  # far behind (an overloaded host): run late rather than in a burst
             await asyncio.sleep(max(0.0, deadline - now))
+            if self.config.wedged:  # the GPU hangs: nothing is admitted, nothing decoded
+                continue
             self._shed_timed_out()
             self._admit()
             if self.crashed is None:

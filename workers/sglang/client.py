@@ -62,6 +62,11 @@ class ServerUnavailable(SGLangError):
     """5xx, a transport error, a dropped stream or a timeout: retry, with a new rid."""
 
 
+class ServerStalled(ServerUnavailable):
+    """The server sent nothing for the stall timeout (frozen, a black hole behind a live port, a wedged
+    engine): the request was given up, and the server is suspect until a real generation succeeds."""
+
+
 class ServerBusy(ServerUnavailable):
     """The server shed the request (a full queue, a waiting or running timeout: an abort with status
     503): retried elsewhere, but it says the server is busy, not broken, so it does not count against
@@ -330,9 +335,11 @@ class SGLangClient:
         timeout_s: float = 1800.0,
         on_tokens: OnTokens | None = None,
         stop: StopHandle | None = None,
+        stall_timeout_s: float | None = None,
     ) -> Generation:
         """Stream one generation from ``server``. ``on_tokens`` sees each chunk's new tokens (but the
-        last's) and may stop it; so may another thread through ``stop``.
+        last's) and may stop it; so may another thread through ``stop``. A server that sends nothing for
+        ``stall_timeout_s`` (its answer's headers, or the next chunk) raises ``ServerStalled``.
 
         Raises ``RequestRejected``, ``ServerUnavailable``, ``Unauthorized`` or ``ProtocolError``.
         """
@@ -353,7 +360,8 @@ class SGLangClient:
                 server,
                 protocol.GENERATE_PATH,
                 orjson.dumps(payload),
-                timeout_s=timeout_s,
+                # Each read waits at most this long: a stream silent for longer is stalled.
+                timeout_s=min(timeout_s, stall_timeout_s or timeout_s),
                 connect_timeout_s=min(CONNECT_TIMEOUT_S, timeout_s),
                 headers=self.auth(server).headers(),
             ) as exchange:
@@ -371,6 +379,16 @@ class SGLangClient:
                 exchange.complete = not stopped
         except _NotSent:
             pass
+        except TimeoutError as e:
+            if stop is not None and stop.requested:
+                stopped = True
+            elif stall_timeout_s is not None and stall_timeout_s < timeout_s:
+                raise ServerStalled(
+                    f"{redact_url(server)}: stalled: nothing received for {stall_timeout_s:g} s",
+                    server=server,
+                ) from None
+            else:
+                raise ServerUnavailable(f"{redact_url(server)}: {_describe(e)}", server=server) from None
         except WireError as e:
             if stop is not None and stop.requested:
                 stopped = True  # we hung up on it (``StopHandle.hang_up``): what we have is the output

@@ -1,0 +1,73 @@
+"""A server that stops sending (a wedged engine whose /health still answers 200) costs at most the stall
+timeout: its streams are given up and retried on another server, it is marked down at once, and it gets
+work again only after a real generation succeeds there."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from budget import Ledger
+from budget.servers import ServerLedger, ServerStatus
+from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
+from tests.integration.test_fleet_run import export, text_rows
+
+pytestmark = pytest.mark.integration
+
+STALL_S = 2.0
+#: The request timeout of the test's config (write_config): recovery must not wait for it.
+REQUEST_TIMEOUT_S = 60.0
+
+
+def server(ledger: Ledger, url: str) -> ServerStatus:
+    (status,) = [s for s in ServerLedger(ledger.client).status() if s.url == url]
+    return status
+
+
+def test_a_wedged_server_is_given_up_after_the_stall_timeout_and_the_other_server_finishes_the_job(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Any
+) -> None:
+    wedging, healthy = (sim_factory(step_time_s=0.005, output_len_mean=80.0) for _ in range(2))
+    name = unique("stall")
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[wedging.url, healthy.url],
+        datasets=[{"name": name, "rows": text_rows(200)}],
+        sampling={"max_new_tokens": 200},
+    )
+    config.write_text(
+        config.read_text().replace("timeout_s = 60\n", f"timeout_s = 60\nstall_timeout_s = {STALL_S}\n")
+    )
+    run = BackgroundSubmit(config, "--window", "32")
+    wait_until(lambda: name in fleet_ledger.datasets(), what="the dataset registered")
+    wait_until(lambda: fleet_ledger.snapshot(name).samples >= 20, what="the first samples")
+    assert wedging.stats()["running"] > 0
+
+    wedging.configure(wedged=True)
+    wedged_at = time.monotonic()
+    wait_until(
+        lambda: not server(fleet_ledger, wedging.url).up, timeout_s=STALL_S + 10, what="the server down"
+    )
+    assert "stalled" in server(fleet_ledger, wedging.url).last_error
+    # Its slots are given back as its streams pass the stall timeout, not after the request timeout.
+    wait_until(lambda: server(fleet_ledger, wedging.url).inflight == 0, timeout_s=STALL_S + 5, what="no slot")
+    assert time.monotonic() - wedged_at < STALL_S + 5
+
+    started = wedging.stats()["requests"]
+    assert run.wait(90) == 0
+    assert time.monotonic() - wedged_at < REQUEST_TIMEOUT_S, "recovery waited for the request timeout"
+    # No new work while it is suspect: only the probes (a one-token generation each) reached it.
+    assert wedging.stats()["requests"] - started <= 3
+    assert not server(fleet_ledger, wedging.url).up
+    snap = fleet_ledger.snapshot(name)
+    records = export(fleet_ledger, name, tmp_path)
+    assert snap.samples == len(records) == 200 and snap.failed == 0
+    assert len({r["id"] for r in records}) == 200
+    assert snap.tokens == sum(r["completion_tokens"] for r in records)
+
+    wedging.configure(wedged=False)  # the engine comes back: a probe generation succeeds, it is up again
+    wait_until(lambda: server(fleet_ledger, wedging.url).up, timeout_s=45, what="the server up again")
