@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: How often the watcher asks the ledger about the datasets it has in flight, whatever pub/sub says.
 POLL_S: Final = 0.5
-#: Servers whose requests are aborted at once (each server's one after the other).
+#: Abort requests sent at once (each is one short POST).
 ABORT_THREADS: Final = 16
 #: After losing its pub/sub connection, the watcher waits this long before reconnecting.
 RECONNECT_S: Final = 1.0
@@ -135,19 +135,13 @@ class StopWatcher:
     def stop_dataset(self, dataset: str, reason: str) -> int:
         """Abort each of this process's requests of ``dataset`` by its rid; returns how many.
 
-        Per server the youngest requests are aborted first, one after the other: a server takes waiting
+        The youngest requests are aborted first (``ABORT_THREADS`` at a time): a server takes waiting
         requests into its batch first come, first served, so the requests that still wait in its queue
-        are gone before an aborted running one frees a slot for them. Servers are handled in parallel."""
+        are gone before an aborted running one frees a slot for them."""
         fresh = [r for r in self._inflight.of(dataset) if r.handle.request(reason)]
-        now = time.monotonic()
-        by_server: dict[str, list[InflightRequest]] = {}
-        for request in fresh:
-            request.stop_asked_at = now
-            if request.handle.server:  # not sent yet: marked stopped, it never will be
-                by_server.setdefault(request.handle.server, []).append(request)
-        for requests in by_server.values():
-            requests.sort(key=lambda r: r.since, reverse=True)
-        for _ in self._aborts.map(self._abort_each, by_server.values()):
+        # Not sent yet (waiting for a server slot): marked stopped, it never will be.
+        sent = sorted((r for r in fresh if r.handle.server), key=lambda r: r.since, reverse=True)
+        for _ in self._aborts.map(self._abort, sent):
             pass
         if fresh:
             log.info("%s: %s: aborted %d request(s) in flight here", dataset, reason, len(fresh))
@@ -163,10 +157,10 @@ class StopWatcher:
 
     # --- the thread -----------------------------------------------------------------------------
 
-    def _abort_each(self, requests: list[InflightRequest]) -> None:
-        for request in requests:
-            if not self._client.abort(request.handle.server, request.handle.rid):
-                request.handle.hang_up()  # no abort endpoint (a router) or not allowed: closing aborts it
+    def _abort(self, request: InflightRequest) -> None:
+        request.stop_asked_at = time.monotonic()  # the grace before hanging up runs from the abort
+        if not self._client.abort(request.handle.server, request.handle.rid):
+            request.handle.hang_up()  # no abort endpoint (a router) or not allowed: closing aborts it
 
     def _hang_up_overdue(self) -> None:
         deadline = time.monotonic() - self._grace_s

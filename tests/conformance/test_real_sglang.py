@@ -74,7 +74,7 @@ def test_a_truncate_budget_makes_the_server_generate_at_most_2_percent_past_it(
     dataset_name: Any,
     tmp_path: Path,
 ) -> None:
-    name, budget = dataset_name("budget"), 15_000
+    name, budget = dataset_name("budget"), 50_000
     config = write_fleet_config(
         tmp_path,
         redis_url=fleet_redis_url,
@@ -264,7 +264,7 @@ def test_an_out_of_vocabulary_id_is_rejected_at_submit_with_its_line_and_the_ser
     assert Submit(config).wait(timeout_s=90) == 0
 
     rejected = read_jsonl(tmp_path / "out" / name / "rejected.jsonl")
-    assert [r["line_no"] for r in rejected] == [4]
+    assert [r["line"] for r in rejected] == [4]
     assert fleet_ledger.snapshot(name).samples == len(good)
     served = live_server.requests(dataset_tag(name)).values()
     assert not [r for r in served if VOCAB_SIZE in (r.input_ids or [])]

@@ -315,12 +315,13 @@ def test_progress_says_stop_when_the_dataset_is_revoked(ledger: Ledger) -> None:
     assert ledger.snapshot(DS).live_tokens == 6
 
 
-def test_progress_continues_while_the_dataset_is_paused(ledger: Ledger) -> None:
+def test_progress_stops_a_generation_once_the_dataset_is_paused(ledger: Ledger) -> None:
     make(ledger)
     lease(ledger, "s1")
-    ledger.pause(DS)
-
     assert progress(ledger, "s1", "a1", 3) is Progress.CONTINUE
+    ledger.pause(DS)  # a pause stops what runs (issue 11); the sample goes back to pending
+
+    assert progress(ledger, "s1", "a1", 3) is Progress.STOP
 
 
 def test_progress_says_lost_after_the_lease_expired_and_was_reclaimed(

@@ -389,15 +389,15 @@ class SGLangClient:
                 ) from None
             else:
                 raise ServerUnavailable(f"{redact_url(server)}: {_describe(e)}", server=server) from None
+        except orjson.JSONDecodeError as e:
+            raise ServerUnavailable(
+                f"{redact_url(server)}: malformed stream chunk: {e}", server=server
+            ) from None
         except WireError as e:
             if stop is not None and stop.requested:
                 stopped = True  # we hung up on it (``StopHandle.hang_up``): what we have is the output
             else:
                 raise ServerUnavailable(f"{redact_url(server)}: {_describe(e)}", server=server) from None
-        except orjson.JSONDecodeError as e:
-            raise ServerUnavailable(
-                f"{redact_url(server)}: malformed stream chunk: {e}", server=server
-            ) from None
         if not acc.finished and not stopped:
             raise ServerUnavailable(
                 f"{redact_url(server)}: the stream ended before the generation finished", server=server

@@ -85,9 +85,14 @@ class Exchange:
         _set_timeout(self.connection, seconds)
 
     def hang_up(self) -> None:
-        """Close the connection from another thread: the reader's next read ends at once (the server
-        sees the connection closed and aborts the request)."""
-        _hang_up(self.connection)
+        """End the exchange from another thread: the socket is shut down, so the reader's next read ends
+        at once (the server sees the connection closed and aborts the request). Only shut down, not
+        closed: closing under a reading thread makes its read fail in odd ways; the reader's own thread
+        discards the connection."""
+        sock = self.connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass(slots=True)
