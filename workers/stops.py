@@ -52,8 +52,6 @@ class InflightRequest:
 
     dataset: str
     handle: StopHandle
-    #: When it was asked to stop (monotonic), 0 while it runs.
-    stop_asked_at: float = 0.0
     #: When it was tracked (monotonic): a server runs its requests first come, first served.
     since: float = field(default_factory=time.monotonic)
 
@@ -158,14 +156,15 @@ class StopWatcher:
     # --- the thread -----------------------------------------------------------------------------
 
     def _abort(self, request: InflightRequest) -> None:
-        request.stop_asked_at = time.monotonic()  # the grace before hanging up runs from the abort
+        request.handle.abort_sent_at = time.monotonic()  # the grace before hanging up runs from here
         if not self._client.abort(request.handle.server, request.handle.rid):
             request.handle.hang_up()  # no abort endpoint (a router) or not allowed: closing aborts it
 
     def _hang_up_overdue(self) -> None:
         deadline = time.monotonic() - self._grace_s
         for request in self._inflight.all():
-            if request.stop_asked_at and request.stop_asked_at < deadline:
+            sent_at = request.handle.abort_sent_at
+            if sent_at and sent_at < deadline:
                 request.handle.hang_up()
 
     def _run(self) -> None:

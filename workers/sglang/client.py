@@ -90,13 +90,16 @@ class StopHandle:
     """One streaming request that another thread may stop (``workers.stops``): it asks the server to
     abort the rid, and hangs up the stream when the server cannot or does not end it in time."""
 
-    __slots__ = ("_exchange", "_lock", "reason", "rid", "server")
+    __slots__ = ("_exchange", "_lock", "abort_sent_at", "reason", "rid", "server")
 
     def __init__(self, rid: str = "", server: str = "") -> None:
         self._lock = threading.Lock()
         self._exchange: Exchange | None = None
         #: Why it was asked to stop; "" while it runs.
         self.reason = ""
+        #: When an abort of the current rid was last sent (monotonic), 0 before: the grace before
+        #: hanging up runs from there.
+        self.abort_sent_at = 0.0
         #: The request it stops now (a conversation sends one request per reply, each with its rid).
         self.rid = rid
         self.server = server
@@ -123,8 +126,6 @@ class StopHandle:
     def attach(self, exchange: Exchange | None) -> None:
         with self._lock:
             self._exchange = exchange
-        if exchange is not None and self.requested:
-            exchange.hang_up()  # stopped before its stream opened
 
 
 @dataclass(slots=True)
@@ -435,10 +436,6 @@ class SGLangClient:
         stop_deadline: float | None = None
         try:
             for chunk in _iter_events(iter_lines(exchange.response)):
-                if stop is not None and stop.requested and stop_deadline is None:
-                    # Another thread asked the server to abort the rid: its final chunk comes after one
-                    # more decode step; the stop watcher hangs up if it does not come in the grace.
-                    stop_deadline = time.monotonic() + ABORT_GRACE_S
                 if not isinstance(chunk, dict):
                     raise ServerUnavailable(
                         f"{redact_url(server)}: a stream chunk that is not a JSON object", server=server
@@ -452,6 +449,17 @@ class SGLangClient:
                 if stop_deadline is not None:
                     if now > stop_deadline:
                         return True  # the server sent no final chunk in time: closing the stream aborts it
+                    continue
+                if stop is not None and stop.requested:
+                    # Another thread asked the server to abort the rid, and the stream goes on: that abort
+                    # may have crossed this request on its way in (a server drops an abort for a rid it
+                    # does not know yet). The stream has spoken, so the rid is live now: abort it again
+                    # (a second abort of a rid is harmless); its final chunk comes after one more step.
+                    stop.abort_sent_at = now
+                    if not self.abort(server, rid):
+                        return True  # no abort endpoint (a router): closing the stream aborts it
+                    stop_deadline = now + ABORT_GRACE_S
+                    exchange.set_read_timeout(ABORT_GRACE_S)
                     continue
                 if now > deadline:
                     self.abort(server, rid)
