@@ -94,6 +94,7 @@ def test_a_truncate_budget_makes_the_server_generate_at_most_2_percent_past_it(
     snap = fleet_ledger.snapshot(name)
     records = export_records(fleet_ledger, name, tmp_path)
     exported = sum(r["completion_tokens"] for r in records)
+    print(f"budget {budget}: the server generated {generated} tokens ({generated / budget:.4f}x)")
     assert snap.state == "exhausted"
     assert snap.tokens == exported >= budget
     assert generated <= 1.02 * budget, f"the server generated {generated} tokens for a {budget} budget"
