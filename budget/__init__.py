@@ -11,8 +11,11 @@ from budget.ledger import (
     DatasetLimits,
     DatasetSnapshot,
     DatasetState,
+    FailOutcome,
+    GiveUpOutcome,
     Ledger,
     Progress,
+    ReleaseOutcome,
     connect,
 )
 
@@ -22,10 +25,13 @@ __all__ = [
     "DatasetLimits",
     "DatasetSnapshot",
     "DatasetState",
+    "FailOutcome",
+    "GiveUpOutcome",
     "Ledger",
     "LedgerError",
     "LedgerUnavailable",
     "Progress",
+    "ReleaseOutcome",
     "UnknownDataset",
     "connect",
 ]

@@ -15,7 +15,7 @@ from redis.retry import Retry
 
 from budget.errors import LedgerUnavailable, UnknownDataset
 from budget.keys import DATASETS_SET, STOPS_CHANNEL, WORKERS_HASH, DatasetKeys, dataset_keys
-from budget.scripts import register_scripts
+from budget.scripts import dataset_script_keys, register_scripts
 
 #: How long a generation's lease lives without renewal. A worker renews it every few seconds; a killed
 #: worker's samples are reclaimed this long after its last renewal.
@@ -78,6 +78,36 @@ class Progress(enum.StrEnum):
     CONTINUE = "continue"
     STOP = "stop"
     LOST = "lost"
+
+
+class FailOutcome(enum.StrEnum):
+    """What ``fail`` did (``budget/lua/fail.lua``)."""
+
+    FAILED = "failed"
+    #: Another attempt had already committed the sample: nothing changed.
+    DUPLICATE = "duplicate"
+    UNKNOWN = "unknown"
+
+
+class GiveUpOutcome(enum.StrEnum):
+    """What ``give_up`` did (``budget/lua/give_up.lua``)."""
+
+    #: Back to pending, to be fed again.
+    PENDING = "pending"
+    #: Failed for good after ``max_strikes`` give-ups.
+    FAILED = "failed"
+    DUPLICATE = "duplicate"
+    UNKNOWN = "unknown"
+
+
+class ReleaseOutcome(enum.StrEnum):
+    """The dataset's state after ``release`` gave a sample back (``budget/lua/release.lua``)."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"
+    EXHAUSTED = "exhausted"
+    REVOKED = "revoked"
+    UNKNOWN = "unknown"
 
 
 class CommitOutcome(enum.StrEnum):
@@ -197,6 +227,11 @@ class Ledger:
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
         return self._scripts[name](keys=list(keys), args=list(args))
 
+    def _call(self, script: str, dataset: str, args: Sequence[Any] = (), **others: str) -> Any:
+        """Run ``script`` for ``dataset``: its KEYS in the order ``budget.scripts.SCRIPT_KEYS`` declares."""
+        keys = dataset_script_keys(script, dataset_keys(dataset), **others)
+        return self._scripts[script](keys=keys, args=list(args))
+
     @_translate_errors
     def ping(self) -> None:
         self.client.ping()
@@ -207,10 +242,9 @@ class Ledger:
     def register(self, name: str, limits: DatasetLimits, spec: dict[str, Any]) -> str:
         """Create or update a dataset; returns its state. Counters and the done-set are kept."""
 
-        k = dataset_keys(name)
-        state: str = self._run(
+        state: str = self._call(
             "register",
-            k.for_lua("ledger_hash", "spec_str"),
+            name,
             [
                 json.dumps(spec, sort_keys=True),
                 _limit_arg(limits.token_budget),
@@ -236,7 +270,7 @@ class Ledger:
 
     @_translate_errors
     def set_state(self, name: str, action: str) -> str:
-        state: str = self._run("set_state", [dataset_keys(name).ledger_hash], [action])
+        state: str = self._call("set_state", name, [action])
         if state == "unknown":
             raise UnknownDataset(name)
         if state in (DatasetState.PAUSED, DatasetState.REVOKED):
@@ -261,9 +295,7 @@ class Ledger:
         def arg(v: int | str | None) -> str:
             return v if isinstance(v, str) else _limit_arg(v)
 
-        state: str = self._run(
-            "set_limits", [dataset_keys(name).ledger_hash], [arg(token_budget), arg(max_samples)]
-        )
+        state: str = self._call("set_limits", name, [arg(token_budget), arg(max_samples)])
         if state == "unknown":
             raise UnknownDataset(name)
         self.announce_stop(name)  # a lowered budget may stop what runs now
@@ -273,7 +305,7 @@ class Ledger:
     def report_output_problem(self, name: str, reporter: str, problem: str) -> bool:
         """A worker cannot write ``name``'s output (``problem``), or can again (``""``: clears only the
         reporter's own). See ``budget/lua/output_problem.lua``."""
-        return bool(self._run("output_problem", [dataset_keys(name).ledger_hash], [reporter, problem]))
+        return bool(self._call("output_problem", name, [reporter, problem]))
 
     # --- stopping in-flight generations -------------------------------------------------------------
 
@@ -300,7 +332,7 @@ class Ledger:
         pipe = self.client.pipeline(transaction=False)
         script = self._scripts["stop_check"]
         for name in names:
-            script(keys=[dataset_keys(name).ledger_hash], args=[], client=pipe)
+            script(keys=dataset_script_keys("stop_check", dataset_keys(name)), args=[], client=pipe)
         return {name: str(reason) for name, reason in zip(names, pipe.execute(), strict=True)}
 
     # --- producer -------------------------------------------------------------------------------
@@ -308,18 +340,16 @@ class Ledger:
     @_translate_errors
     def enqueue(self, name: str, sample_ids: Sequence[str], window: int) -> list[int]:
         """Which of ``sample_ids`` to publish now (codes ``ENQUEUE_*``); marks those as queued."""
-        k = dataset_keys(name)
-        codes: list[int] = self._run(
+        codes: list[int] = self._call(
             "enqueue",
-            k.for_lua("ledger_hash", "done_hash", "failed_hash", "queued_zset", "lease_zset", "pending_hash"),
+            name,
             [window, *sample_ids],
         )
         return [int(c) for c in codes]
 
     @_translate_errors
     def unqueue(self, name: str, sample_ids: Sequence[str], reason: str) -> int:
-        k = dataset_keys(name)
-        return int(self._run("unqueue", k.for_lua("queued_zset", "pending_hash"), [reason, *sample_ids]))
+        return int(self._call("unqueue", name, [reason, *sample_ids]))
 
     @_translate_errors
     def set_source(
@@ -333,7 +363,7 @@ class Ledger:
         def arg(v: int | bool | None) -> str:
             return "-" if v is None else str(int(v))
 
-        self._run("set_source", [dataset_keys(name).ledger_hash], [arg(total), arg(done), arg(rejected)])
+        self._call("set_source", name, [arg(total), arg(done), arg(rejected)])
 
     @_translate_errors
     def pending_ids(self, name: str) -> set[str]:
@@ -353,20 +383,9 @@ class Ledger:
     @_translate_errors
     def admit(self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS) -> AdmitResult:
 
-        k = dataset_keys(name)
-        verdict, state, spec = self._run(
+        verdict, state, spec = self._call(
             "admit",
-            k.for_lua(
-                "ledger_hash",
-                "spec_str",
-                "done_hash",
-                "queued_zset",
-                "lease_zset",
-                "lease_owner_hash",
-                "live_hash",
-                "pending_hash",
-                "failed_hash",
-            ),
+            name,
             [sample_id, attempt, lease_ms],
         )
         return AdmitResult(Admission(verdict), state, json.loads(spec) if spec else None)
@@ -377,10 +396,9 @@ class Ledger:
     ) -> tuple[Progress, str]:
         """Adds ``new_tokens`` (negative to take back a failed attempt's) and renews the lease.
         Returns whether to go on, and the dataset's state."""
-        k = dataset_keys(name)
-        action, state = self._run(
+        action, state = self._call(
             "progress",
-            k.for_lua("ledger_hash", "lease_zset", "lease_owner_hash", "live_hash", "rate_tokens_hash"),
+            name,
             [sample_id, attempt, new_tokens, lease_ms],
         )
         if action == Progress.STOP and new_tokens > 0:
@@ -391,49 +409,30 @@ class Ledger:
 
     @_translate_errors
     def renew(self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS) -> bool:
-        k = dataset_keys(name)
-        return bool(
-            self._run("renew", k.for_lua("lease_zset", "lease_owner_hash"), [sample_id, attempt, lease_ms])
-        )
+        return bool(self._call("renew", name, [sample_id, attempt, lease_ms]))
 
     @_translate_errors
     def commit(
         self, name: str, sample_id: str, attempt: str, completion_tokens: int, truncated: bool = False
     ) -> CommitOutcome:
-        k = dataset_keys(name)
-        outcome, _state = self._run(
+        outcome, _state = self._call(
             "commit",
-            k.for_lua(
-                "ledger_hash",
-                "done_hash",
-                "lease_zset",
-                "lease_owner_hash",
-                "live_hash",
-                "pending_hash",
-                "rate_tokens_hash",
-                "rate_samples_hash",
-            ),
+            name,
             [sample_id, attempt, completion_tokens, int(truncated)],
         )
         return CommitOutcome(outcome)
 
     @_translate_errors
-    def fail(self, name: str, sample_id: str, attempt: str, reason: str, wasted_tokens: int = 0) -> str:
-        k = dataset_keys(name)
-        result: str = self._run(
-            "fail",
-            k.for_lua(
-                "ledger_hash",
-                "done_hash",
-                "failed_hash",
-                "lease_zset",
-                "lease_owner_hash",
-                "live_hash",
-                "pending_hash",
-            ),
-            [sample_id, attempt, reason, wasted_tokens],
+    def fail(
+        self, name: str, sample_id: str, attempt: str, reason: str, wasted_tokens: int = 0
+    ) -> FailOutcome:
+        return FailOutcome(
+            self._call(
+                "fail",
+                name,
+                [sample_id, attempt, reason, wasted_tokens],
+            )
         )
-        return result
 
     @_translate_errors
     def release(
@@ -444,41 +443,25 @@ class Ledger:
         reason: str,
         thrown_away_tokens: int = 0,
         counts_against_budget: bool = False,
-    ) -> str:
-        k = dataset_keys(name)
-        state: str = self._run(
-            "release",
-            k.for_lua(
-                "ledger_hash",
-                "done_hash",
-                "lease_zset",
-                "lease_owner_hash",
-                "live_hash",
-                "pending_hash",
-                "failed_hash",
-            ),
-            [sample_id, attempt, reason, thrown_away_tokens, int(counts_against_budget)],
+    ) -> ReleaseOutcome:
+        return ReleaseOutcome(
+            self._call(
+                "release",
+                name,
+                [sample_id, attempt, reason, thrown_away_tokens, int(counts_against_budget)],
+            )
         )
-        return state
 
     @_translate_errors
     def purge_queue(self, name: str, queue_key: str, reason: str) -> int:
         """Remove ``name``'s waiting messages from the broker list ``queue_key``; their samples become
         pending with ``reason``. Returns how many messages were removed."""
-        k = dataset_keys(name)
-        return int(self._run("purge_queue", [queue_key, k.queued_zset, k.pending_hash], [name, reason]))
+        return int(self._call("purge_queue", name, [name, reason], queue=queue_key))
 
     @_translate_errors
     def audit_queued(self, name: str, queue_key: str, older_than_ms: int = DEFAULT_QUEUED_AUDIT_MS) -> int:
         """Samples marked queued long ago whose message is gone from ``queue_key`` become pending."""
-        k = dataset_keys(name)
-        return int(
-            self._run(
-                "audit_queued",
-                [queue_key, k.queued_zset, k.lease_zset, k.done_hash, k.pending_hash],
-                [name, older_than_ms],
-            )
-        )
+        return int(self._call("audit_queued", name, [name, older_than_ms], queue=queue_key))
 
     @_translate_errors
     def give_up(
@@ -489,41 +472,18 @@ class Ledger:
         reason: str,
         wasted_tokens: int = 0,
         max_strikes: int = 3,
-    ) -> str:
-        """Retries ran out: the sample is pending again, or failed after ``max_strikes`` give-ups.
-        Returns "pending", "failed", "duplicate" or "unknown"."""
-        k = dataset_keys(name)
-        result: str = self._run(
-            "give_up",
-            k.for_lua(
-                "ledger_hash",
-                "done_hash",
-                "lease_zset",
-                "lease_owner_hash",
-                "live_hash",
-                "pending_hash",
-                "failed_hash",
-                "strikes_hash",
-            ),
-            [sample_id, attempt, reason, wasted_tokens, max_strikes],
+    ) -> GiveUpOutcome:
+        """Retries ran out: the sample is pending again, or failed after ``max_strikes`` give-ups."""
+        return GiveUpOutcome(
+            self._call("give_up", name, [sample_id, attempt, reason, wasted_tokens, max_strikes])
         )
-        return result
 
     @_translate_errors
     def reclaim(self, name: str) -> int:
-        k = dataset_keys(name)
         return int(
-            self._run(
+            self._call(
                 "reclaim",
-                k.for_lua(
-                    "ledger_hash",
-                    "lease_zset",
-                    "lease_owner_hash",
-                    "live_hash",
-                    "pending_hash",
-                    "done_hash",
-                    "failed_hash",
-                ),
+                name,
             )
         )
 
@@ -534,10 +494,9 @@ class Ledger:
         now. Returns (orphans cleared, stale cleared); see ``budget/lua/clear_pending.lua``."""
         if not orphans and not stale:
             return (0, 0)
-        k = dataset_keys(name)
-        cleared = self._run(
+        cleared = self._call(
             "clear_pending",
-            k.for_lua("ledger_hash", "pending_hash", "done_hash", "failed_hash", "queued_zset", "lease_zset"),
+            name,
             [len(orphans), *orphans, *stale],
         )
         return int(cleared[0]), int(cleared[1])
@@ -546,19 +505,9 @@ class Ledger:
 
     @_translate_errors
     def snapshot(self, name: str) -> DatasetSnapshot:
-        k = dataset_keys(name)
-        flat = self._run(
+        flat = self._call(
             "snapshot",
-            k.for_lua(
-                "ledger_hash",
-                "done_hash",
-                "failed_hash",
-                "queued_zset",
-                "lease_zset",
-                "pending_hash",
-                "rate_tokens_hash",
-                "rate_samples_hash",
-            ),
+            name,
             [RATE_WINDOW_S],
         )
         if not flat:
@@ -686,7 +635,8 @@ class Ledger:
     @_translate_errors
     def heartbeat(self, worker: str, facts: dict[str, Any] | None) -> None:
         """Record that ``worker`` is alive with ``facts`` (JSON-able); ``None`` removes it."""
-        self._run("heartbeat", [WORKERS_HASH], [worker, json.dumps(facts) if facts is not None else ""])
+        keys = [WORKERS_HASH]  # budget.scripts.SCRIPT_KEYS["heartbeat"]: ("workers",)
+        self._run("heartbeat", keys, [worker, json.dumps(facts) if facts is not None else ""])
 
     @_translate_errors
     def workers(self, seen_within_s: float = WORKER_SEEN_WITHIN_S) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import redis
 
 from budget.keys import SERVERS_SEEN_ZSET, server_keys
 from budget.ledger import _translate_errors, connect
-from budget.scripts import register_scripts
+from budget.scripts import register_scripts, server_script_keys
 
 #: Finished requests are counted per second over this many seconds for the request rate.
 RATE_WINDOW_S: Final = 10
@@ -133,7 +133,8 @@ class ServerLedger:
         """Give back the slot ``token`` on ``url`` and count the finished request; returns the Redis time
         (ms) of the release, which orders this generation's outcome report."""
         k = server_keys(url)
-        _held, now_ms = self._run("server_release", [k.slots_zset, k.rate_hash], [token, RATE_WINDOW_S])
+        keys = server_script_keys("server_release", k)
+        _held, now_ms = self._run("server_release", keys, [token, RATE_WINDOW_S])
         return int(now_ms)
 
     @_translate_errors
@@ -161,7 +162,7 @@ class ServerLedger:
         k = server_keys(url)
         state, changed, fails = self._run(
             "server_report",
-            [k.health_hash, k.probe_str],
+            server_script_keys("server_report", k),
             [outcome.value, at_ms, fail_threshold, probe_interval_ms, message[:500]],
         )
         return Health(state == "up", bool(changed), int(fails))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from budget import Admission, Ledger, Progress
+from budget import Admission, GiveUpOutcome, Ledger, Progress
 from budget.ledger import DatasetState
 from budget.location import redact_url
 from workers.conversation import Conversation, record_fields
@@ -350,7 +350,7 @@ class SampleRunner:
         """The servers kept failing: the sample goes back to pending (fed again later), and fails for good
         only after ``max_strikes`` tasks gave up on it."""
         max_strikes = int(spec.get("max_strikes", DEFAULT_MAX_STRIKES))
-        if self.ledger.give_up(dataset, sid, attempt, reason, 0, max_strikes) == "failed":
+        if self.ledger.give_up(dataset, sid, attempt, reason, 0, max_strikes) is GiveUpOutcome.FAILED:
             self._write_failure(dataset, sample, sid, attempt, spec, reason)
             return Outcome("failed", reason)
         return Outcome("dropped", f"server_unavailable: {reason}")

@@ -16,7 +16,6 @@
 --   source_done       1 once the producer has read the whole source in this submit
 --   rejected          source lines rejected by the producer
 -- Times come from the Redis server's clock (TIME), so hosts' clocks never matter.
-
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

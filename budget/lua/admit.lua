@@ -8,8 +8,6 @@
 --   leased    another attempt holds the lease right now (a duplicate delivery); nothing to do
 --   paused | revoked | exhausted | limit    dropped without generation; the sample is pending again
 --   unknown   the dataset is not in this ledger
-local ledger, spec, done, queued, leases, owners, live, pending, failed =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local sid, attempt, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
 redis.call('ZREM', queued, sid)

@@ -6,7 +6,6 @@
 -- ARGV: dataset, older_than_ms (only entries queued at least this long ago are examined)
 -- Returns how many samples were made pending.
 -- Message shape relied on: as in purge_queue.lua (headers.stamps.dataset, headers.tf_sample_id).
-local queue, queued, leases, done, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dataset = ARGV[1]
 local before = now_ms() - tonumber(ARGV[2])
 local old = redis.call('ZRANGEBYSCORE', queued, '-inf', before)

@@ -5,7 +5,6 @@
 -- removed): their marks go (unless queued or in flight now) and the ledger's not_in_source field counts
 -- them. Stale ids are marks of samples that are done or failed by now: only those marks go.
 -- Returns {orphans cleared, stale cleared}.
-local ledger, pending, done, failed, queued, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local n_orphans = tonumber(ARGV[1])
 local orphans, stale = 0, 0
 for i = 2, #ARGV do

@@ -4,8 +4,6 @@
 -- Returns {outcome, state}: committed | duplicate (already committed by another attempt) |
 -- over_limit (max_samples already reached: not counted, so not exported) | revoked (the operator stopped
 -- the dataset: nothing more of it is counted or exported; the sample is pending) | unknown (forgotten).
-local ledger, done, leases, owners, live, pending, rate_tokens, rate_samples =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local sid, attempt, n, truncated = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 if not known(ledger) then return {'unknown', 'unknown'} end
 local mine = owns(owners, sid, attempt)

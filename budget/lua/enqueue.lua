@@ -6,7 +6,6 @@
 -- the list ends early with -1 when the window (or the sample cap) is full, and is {-2} when the
 -- dataset is not active and {-3} when its token budget is taken by committed, live and expected tokens
 -- (see budget_blocked in _lib.lua).
-local ledger, done, failed, queued, leases, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if redis.call('HGET', ledger, 'state') ~= 'active' then return {-2} end
 if budget_blocked(ledger, leases) then return {-3} end
 local room = tonumber(ARGV[1]) - redis.call('ZCARD', queued)

@@ -2,8 +2,6 @@
 -- KEYS: ledger, done, failed, leases, owners, live, pending
 -- ARGV: sid, attempt, reason, wasted_tokens
 -- Returns "failed", "duplicate" when another attempt already committed it, or "unknown".
-local ledger, done, failed, leases, owners, live, pending =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local sid, attempt = ARGV[1], ARGV[2]
 if not known(ledger) then return 'unknown' end
 if owns(owners, sid, attempt) then drop_lease(ledger, leases, owners, live, sid) end

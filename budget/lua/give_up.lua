@@ -4,8 +4,6 @@
 -- KEYS: ledger, done, leases, owners, live, pending, failed, strikes
 -- ARGV: sid, attempt, reason, wasted_tokens, max_strikes
 -- Returns "pending", "failed", "duplicate" (already committed) or "unknown" (forgotten dataset).
-local ledger, done, leases, owners, live, pending, failed, strikes =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local sid, attempt, reason = ARGV[1], ARGV[2], ARGV[3]
 if not known(ledger) then return 'unknown' end
 if owns(owners, sid, attempt) then drop_lease(ledger, leases, owners, live, sid) end

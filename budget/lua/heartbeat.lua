@@ -6,10 +6,10 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ARGV[2] == '' then
-  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', workers, ARGV[1])
   return now
 end
 local facts = cjson.decode(ARGV[2])
 facts['last_seen_ms'] = now
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(facts))
+redis.call('HSET', workers, ARGV[1], cjson.encode(facts))
 return now

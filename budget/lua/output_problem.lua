@@ -4,7 +4,7 @@
 -- ARGV: reporter (host:pid), problem ("" = solved: clears only the reporter's own problem)
 -- Ledger fields: output_error (the problem), output_error_by (who saw it), output_error_at (ms).
 -- Returns 1 when the fields changed, else 0 (unknown dataset, or another reporter's problem stays).
-local ledger, who, problem = KEYS[1], ARGV[1], ARGV[2]
+local who, problem = ARGV[1], ARGV[2]
 if not redis.call('HGET', ledger, 'state') then return 0 end
 if problem == '' then
   if redis.call('HGET', ledger, 'output_error_by') ~= who then return 0 end

@@ -5,7 +5,6 @@
 --   continue  keep generating (the lease is renewed)
 --   stop      the budget is reached (policy truncate or discard), or the dataset was revoked or paused
 --   lost      this attempt no longer holds the lease (it expired and was reclaimed)
-local ledger, leases, owners, live, rate_tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local sid, attempt, n, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local state = redis.call('HGET', ledger, 'state') or 'unknown'
 if not owns(owners, sid, attempt) then return {'lost', state} end

@@ -7,7 +7,6 @@
 -- whose "headers" carry Celery's "stamps" ({"dataset": name}, see tokenfleet.publish) and our
 -- "tf_sample_id" (or "tf_sample_ids" for a group task). Messages already reserved by a worker are not in
 -- the list: admit drops those. Returns messages, not samples.
-local queue, queued, pending = KEYS[1], KEYS[2], KEYS[3]
 local dataset, reason = ARGV[1], ARGV[2]
 local items = redis.call('LRANGE', queue, 0, -1)
 local keep, removed = {}, 0

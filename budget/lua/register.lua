@@ -3,7 +3,6 @@
 -- ARGV: spec_json, token_budget ("" = none), max_samples ("" = none), on_budget
 -- Returns the dataset's state. A paused or revoked dataset stays so; an exhausted one whose limits were
 -- raised becomes active again.
-local ledger, spec = KEYS[1], KEYS[2]
 redis.call('SET', spec, ARGV[1])
 redis.call('HSET', ledger, 'token_budget', ARGV[2], 'max_samples', ARGV[3], 'on_budget', ARGV[4],
   'source_done', 0)

@@ -3,8 +3,6 @@
 -- KEYS: ledger, done, leases, owners, live, pending, failed
 -- ARGV: sid, attempt, reason, thrown_away_tokens, counts_against_budget (0 | 1)
 -- Returns the dataset's state, or "unknown".
-local ledger, done, leases, owners, live, pending, failed =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local sid, attempt, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
 if not known(ledger) then return 'unknown' end
 if owns(owners, sid, attempt) then drop_lease(ledger, leases, owners, live, sid) end

@@ -8,7 +8,6 @@
 -- Rate hash fields: a ring of rate_window_s one-second buckets; bucket b = second % rate_window_s has
 --   s<b>   the second (Unix time) the bucket counts
 --   n<b>   requests finished in that second
-local slots, rate = KEYS[1], KEYS[2]
 local window = tonumber(ARGV[2])
 local now = now_ms()
 local held = redis.call('ZREM', slots, ARGV[1])

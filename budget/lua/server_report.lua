@@ -26,7 +26,6 @@
 --   last_error     the message of the latest failure or failed probe
 --   started        slots taken in total (server_acquire)
 --   cap            the cap the latest pick used (0 = none)
-local health, probe = KEYS[1], KEYS[2]
 local outcome, threshold, interval = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local at = tonumber(ARGV[2])

@@ -2,7 +2,6 @@
 -- KEYS: ledger
 -- ARGV: token_budget ("" = none, "-" = unchanged), max_samples (same)
 -- Returns the new state, or "unknown".
-local ledger = KEYS[1]
 if not redis.call('HGET', ledger, 'state') then return 'unknown' end
 if ARGV[1] ~= '-' then redis.call('HSET', ledger, 'token_budget', ARGV[1]) end
 if ARGV[2] ~= '-' then redis.call('HSET', ledger, 'max_samples', ARGV[2]) end

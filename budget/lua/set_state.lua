@@ -3,7 +3,7 @@
 -- ARGV: action (pause | resume | revoke)
 -- Returns the new state, or "unknown". resume makes a paused or revoked dataset active (or exhausted
 -- when its limits are reached).
-local ledger, action = KEYS[1], ARGV[1]
+local action = ARGV[1]
 if not redis.call('HGET', ledger, 'state') then return 'unknown' end
 if action == 'pause' then
   redis.call('HSET', ledger, 'state', 'paused')

@@ -5,8 +5,6 @@
 -- "inflight", n (leases not yet expired), "pending", n (given back, or expired leases), then
 -- "rate_tokens", tokens generated in the window, "rate_samples", samples committed in it, "rate_span_s",
 -- the seconds the window covers. Empty when the dataset is unknown.
-local ledger, done, failed, queued, leases, pending, rate_tokens, rate_samples =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local out = redis.call('HGETALL', ledger)
 if #out == 0 then return out end
 local now = now_ms()

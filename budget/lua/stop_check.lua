@@ -7,7 +7,6 @@
 --   paused    the operator paused it (the samples go back to pending, fed again on resume)
 --   budget    committed + live tokens reached the token budget (policy truncate or discard)
 --   unknown   the dataset is not in this ledger
-local ledger = KEYS[1]
 local state = redis.call('HGET', ledger, 'state')
 if not state then return 'unknown' end
 if state == 'revoked' or state == 'paused' then return state end

@@ -2,7 +2,6 @@
 -- KEYS: queued, pending
 -- ARGV: reason, sid1, sid2, ...
 -- Returns how many were in the queued set.
-local queued, pending = KEYS[1], KEYS[2]
 local n = 0
 for i = 2, #ARGV do
   if redis.call('ZREM', queued, ARGV[i]) == 1 then
