@@ -54,6 +54,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from budget import defaults
 from budget.location import DEFAULT_REDIS_URL, REDIS_URL_ENV, redact_url
 from producer.formats import Format
 from producer.source import SourceError, check_source
@@ -83,8 +84,8 @@ __all__ = [
 ]
 
 DEFAULT_OUTPUT_DIR: Final = "out"
-DEFAULT_TIMEOUT_S: Final = 1800.0
-DEFAULT_STALL_TIMEOUT_S: Final = 60.0
+DEFAULT_TIMEOUT_S: Final = defaults.TIMEOUT_S
+DEFAULT_STALL_TIMEOUT_S: Final = defaults.STALL_TIMEOUT_S
 DATASET_NAME_MAX_LEN: Final = 128
 
 OnBudget = Literal["truncate", "discard", "drain"]
@@ -97,7 +98,7 @@ _INHERITED_KEYS: Final = ("tokenizer", "format", "id_field", "regenerate", "syst
 
 _REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
 _SERVER_SCHEMES: Final = ("http", "https")
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
+_NAME_RE: Final = defaults.DATASET_NAME_RE
 #: Budgets and caps go through Redis INCRBY, a signed 64-bit integer.
 _INT64_MAX: Final = 2**63 - 1
 
@@ -381,9 +382,9 @@ class RetryConfig(_Model):
     (each attempt with a new rid) before it marks the sample failed. Backoff is exponential with full
     jitter: a random wait in ``[0, min(backoff_cap_s, backoff_base_s * 2**n)]``."""
 
-    max_attempts: Annotated[int, Strict(), Field(ge=1, le=100)] = 5
-    backoff_base_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
-    backoff_cap_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0
+    max_attempts: Annotated[int, Strict(), Field(ge=1, le=100)] = defaults.MAX_ATTEMPTS
+    backoff_base_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = defaults.BACKOFF_BASE_S
+    backoff_cap_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = defaults.BACKOFF_CAP_S
 
 
 #: ``fsync``: "always" flushes each record to disk before the ledger counts it (a host crash loses
@@ -400,13 +401,13 @@ class DatasetConfig(_Model):
     path: Path
     token_budget: PositiveInt | None = None
     max_samples: PositiveInt | None = None
-    on_budget: OnBudget = "truncate"
+    on_budget: OnBudget = defaults.ON_BUDGET
     sampling: SamplingParams = Field(default_factory=dict)
     #: The target model's tokenizer: an absolute folder, or a model id in the Hugging Face cache.
     tokenizer: str | None = None
     format: Format = "auto"
     id_field: str = DEFAULT_ID_FIELD
-    regenerate: Regenerate = "last"
+    regenerate: Regenerate = defaults.REGENERATE
     system_prompt: str | None = None
 
 
@@ -420,7 +421,7 @@ class FleetConfig(_Model):
     datasets: list[DatasetConfig] = Field(min_length=1)
     source_path: Path
     retry: RetryConfig = Field(default_factory=RetryConfig)
-    fsync: FsyncPolicy = "always"
+    fsync: FsyncPolicy = defaults.FSYNC
     #: Samples per Celery message. 1 (the default) for long answers; a few (4-8) for short ones, where
     #: the cost of a message weighs: a worker runs a message's samples at once, each on its own.
     samples_per_task: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
@@ -451,7 +452,7 @@ class _DatasetTable(_Model):
     path: Annotated[str, Strict(), Field(min_length=1)]
     token_budget: PositiveInt | None = None
     max_samples: PositiveInt | None = None
-    on_budget: OnBudget = "truncate"
+    on_budget: OnBudget = defaults.ON_BUDGET
     sampling: SamplingParams = Field(default_factory=dict)
     # None: inherited from the top level.
     tokenizer: NonEmptyStr | None = None
@@ -470,14 +471,14 @@ class _ConfigFile(_Model):
     sampling: SamplingParams = Field(default_factory=dict)
     dataset: list[_DatasetTable] = Field(min_length=1)
     retry: RetryConfig = Field(default_factory=RetryConfig)
-    fsync: FsyncPolicy = "always"
+    fsync: FsyncPolicy = defaults.FSYNC
     #: Samples per Celery message. 1 (the default) for long answers; a few (4-8) for short ones, where
     #: the cost of a message weighs: a worker runs a message's samples at once, each on its own.
     samples_per_task: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
     tokenizer: NonEmptyStr | None = None
     format: Format = "auto"
     id_field: NonEmptyStr = DEFAULT_ID_FIELD
-    regenerate: Regenerate = "last"
+    regenerate: Regenerate = defaults.REGENERATE
     system_prompt: Annotated[str, Strict()] | None = None
 
 
@@ -543,6 +544,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         sampling = copy.deepcopy(doc.sampling)
         sampling.update(copy.deepcopy(table.sampling))
         sampling.setdefault("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
+        sampling.setdefault("stream_interval", defaults.STREAM_INTERVAL)  # the effective sampling
         datasets.append(
             {
                 "name": table.name,

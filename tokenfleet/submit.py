@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from budget import DatasetLimits, DatasetSnapshot, Ledger, LedgerError
 from budget.servers import ServerLedger
+from budget.spec import DatasetSpec
 from budget.storage import (
     EPOCH_MARKER,
     ensure_storage_marker,
@@ -91,10 +92,14 @@ def learn_servers(cfg: FleetConfig) -> dict[str, ServerFacts]:
 
 
 def dataset_spec(
-    cfg: FleetConfig, name: str, servers: Mapping[str, ServerFacts] | None = None
-) -> dict[str, Any]:
+    cfg: FleetConfig,
+    name: str,
+    servers: Mapping[str, ServerFacts] | None = None,
+    storage_token: str | None = None,
+) -> DatasetSpec:
     """What workers read from the ledger for each task of dataset ``name``. ``servers``: what submit
-    learned of each server (asked now when not given)."""
+    learned of each server (asked now when not given); ``storage_token``: the token of submit's storage
+    marker in ``output_dir``."""
     ds = next(d for d in cfg.datasets if d.name == name)
     if servers is None:
         servers = learn_servers(cfg)
@@ -106,26 +111,24 @@ def dataset_spec(
         url: cfg.server.max_inflight_per_server or (servers[url].batch_size if url in servers else None)
         for url in cfg.server.urls
     }
-    return {
-        "servers": list(cfg.server.urls),
-        "max_inflight_per_server": caps,
-        "timeout_s": cfg.server.timeout_s,
-        "stall_timeout_s": cfg.server.stall_timeout_s,
-        "sampling": ds.sampling,
-        "output_dir": str(cfg.output_dir),
-        "on_budget": ds.on_budget,
-        "fsync": cfg.fsync,
-        "max_attempts": cfg.retry.max_attempts,
-        "backoff_base_s": cfg.retry.backoff_base_s,
-        "backoff_cap_s": cfg.retry.backoff_cap_s,
-        # Workers render the prompts of a regenerate="all" conversation after its first reply.
-        "tokenizer": ds.tokenizer,
-        "regenerate": ds.regenerate,
-        # Where each worker finds each server's API keys (names of variables or files, never keys).
-        "auth": cfg.server.auth_refs(),
-        # Workers refuse an out-of-vocabulary id too, as a last guard for the servers.
-        "vocab_size": vocab_size(cfg, servers),
-    }
+    return DatasetSpec(
+        servers=tuple(cfg.server.urls),
+        output_dir=str(cfg.output_dir),
+        sampling=ds.sampling,
+        max_inflight_per_server=caps,
+        timeout_s=cfg.server.timeout_s,
+        stall_timeout_s=cfg.server.stall_timeout_s,
+        on_budget=ds.on_budget,
+        fsync=cfg.fsync,
+        max_attempts=cfg.retry.max_attempts,
+        backoff_base_s=cfg.retry.backoff_base_s,
+        backoff_cap_s=cfg.retry.backoff_cap_s,
+        tokenizer=ds.tokenizer,
+        regenerate=ds.regenerate,
+        auth=cfg.server.auth_refs(),
+        vocab_size=vocab_size(cfg, servers),
+        storage_token=storage_token,
+    )
 
 
 def vocab_size(cfg: FleetConfig, servers: Mapping[str, ServerFacts]) -> int | None:
@@ -183,10 +186,8 @@ def register(
     states = {}
     for ds in cfg.datasets:
         limits = DatasetLimits(ds.token_budget, ds.max_samples, ds.on_budget)
-        spec = dataset_spec(cfg, ds.name, servers)
-        if storage_token is not None:
-            spec["storage_token"] = storage_token
-        states[ds.name] = ledger.register(ds.name, limits, spec)
+        spec = dataset_spec(cfg, ds.name, servers, storage_token)
+        states[ds.name] = ledger.register(ds.name, limits, spec.as_json())
     return states
 
 

@@ -13,9 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from budget import DatasetSnapshot
+from budget.defaults import STREAM_INTERVAL
 from budget.servers import ServerStatus
 from tokenfleet.config import redact_url
-from workers.generate import DEFAULT_STREAM_INTERVAL
 
 #: The first fields of each dataset in ``status --json``, in order (the interface later checks drive).
 STATUS_FIELDS: Final = (
@@ -77,7 +77,7 @@ def project(s: DatasetSnapshot) -> Projection:
         else:  # cut at the next chunk: at most one stream interval each
             # a truncated generation runs at most about one stream interval past the budget before its
             # abort lands
-            overshoot = s.inflight * DEFAULT_STREAM_INTERVAL
+            overshoot = s.inflight * STREAM_INTERVAL
             waste = s.live_tokens if s.on_budget == "discard" else 0
     if s.settled:
         eta: float | None = 0.0

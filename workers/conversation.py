@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from budget.location import redact_url
+from budget.spec import DatasetSpec
 from producer.chat import ChatError, ChatTokenizer, count_replies, load_chat_tokenizer, prompt_messages
 from workers.rids import new_rid
 from workers.sglang.client import (
@@ -60,11 +61,11 @@ class ConversationGeneration(Generation):
 class Conversation:
     """The replies of one sample, generated in order and kept across the task's retries."""
 
-    def __init__(self, sample: Mapping[str, Any], spec: Mapping[str, Any], dataset: str) -> None:
+    def __init__(self, sample: Mapping[str, Any], spec: DatasetSpec, dataset: str) -> None:
         self.conversation: list[dict[str, Any]] = list(sample["conversation"])
         self.replies = count_replies(self.conversation)
         self.first_prompt: list[int] = list(sample["input_ids"])
-        self.tokenizer_name: str | None = spec.get("tokenizer")
+        self.tokenizer_name: str | None = spec.tokenizer
         self.dataset = dataset
         #: Kept replies and their prompts.
         self.generations: list[Generation] = []
@@ -72,7 +73,7 @@ class Conversation:
         self.contents: list[str] = []
 
     @classmethod
-    def of(cls, sample: Mapping[str, Any], spec: Mapping[str, Any], dataset: str) -> Conversation | None:
+    def of(cls, sample: Mapping[str, Any], spec: DatasetSpec, dataset: str) -> Conversation | None:
         """A conversation when the sample has more than one reply to generate; None otherwise (one reply is
         one ordinary generation of the sample's ``input_ids``)."""
         conversation = sample.get("conversation")

@@ -15,11 +15,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-from budget import Admission, GiveUpOutcome, Ledger, Progress
+from budget import Admission, GiveUpOutcome, Ledger, Progress, defaults
 from budget.ledger import DatasetState
 from budget.location import redact_url
+from budget.spec import DatasetSpec
 from workers.conversation import Conversation, record_fields
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard
@@ -41,17 +42,6 @@ from workers.stops import InflightRequests, StopWatcher
 
 log = logging.getLogger(__name__)
 
-#: Attempts per sample against 5xx, dropped connections and server-side aborts, before it is failed.
-DEFAULT_MAX_ATTEMPTS: Final = 5
-#: Tasks that may give up on a sample (retries exhausted) before it is failed for good.
-DEFAULT_MAX_STRIKES: Final = 3
-#: Exponential backoff with full jitter between attempts: base * 2**n, capped.
-BACKOFF_BASE_S: Final = 1.0
-BACKOFF_CAP_S: Final = 30.0
-#: Tokens between streamed chunks when the dataset's sampling does not say: each chunk is one ledger
-#: update, and the budget can be overshot by at most this many tokens per generation in flight.
-DEFAULT_STREAM_INTERVAL: Final = 8
-
 
 def out_of_vocabulary(input_ids: list[int] | None, vocab_size: int | None) -> str | None:
     """Why ``input_ids`` must not be sent to a server whose model has ``vocab_size`` ids, or None."""
@@ -67,9 +57,26 @@ def out_of_vocabulary(input_ids: list[int] | None, vocab_size: int | None) -> st
     )
 
 
-def backoff_s(attempt: int, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> float:
+def backoff_s(
+    attempt: int, base_s: float = defaults.BACKOFF_BASE_S, cap_s: float = defaults.BACKOFF_CAP_S
+) -> float:
     """Full-jitter exponential backoff before retry number ``attempt`` (1-based)."""
     return random.uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One admitted try at one sample: what every step of the runner works on."""
+
+    dataset: str
+    sample: dict[str, Any]
+    #: The sample's id, and this attempt's id (the one the ledger's done-set names if it commits).
+    sid: str
+    attempt: str
+    spec: DatasetSpec
+    lease: Lease
+    #: ``output_dir/dataset``: where its record or failure is written.
+    folder: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,65 +136,62 @@ class SampleRunner:
             self.sleep(HAND_BACK_WAIT_S)
             self.ledger.unqueue(dataset, [sid], "output_unwritable")
             return Outcome("dropped", f"output_unwritable: {problem}")
-        attempt = uuid.uuid4().hex[:16]
-        admitted = self.ledger.admit(dataset, sid, attempt, self.lease_ms)
+        attempt_id = uuid.uuid4().hex[:16]
+        admitted = self.ledger.admit(dataset, sid, attempt_id, self.lease_ms)
         if admitted.admission is not Admission.OK or admitted.spec is None:
             return Outcome("dropped", admitted.admission.value)
         self.stops.start()
-        spec = admitted.spec
-        output_dir = Path(spec["output_dir"])
-        problem = self.output_guard.check_storage(
-            dataset, dataset_dir(output_dir, dataset), output_dir, spec.get("storage_token")
-        )
+        spec = DatasetSpec.from_json(admitted.spec)
+        output_dir = Path(spec.output_dir)
+        folder = dataset_dir(output_dir, dataset)
+        problem = self.output_guard.check_storage(dataset, folder, output_dir, spec.storage_token)
         if problem is not None:  # not the storage submit checked: records written here would be lost
-            self.ledger.release(dataset, sid, attempt, "output_unwritable")
+            self.ledger.release(dataset, sid, attempt_id, "output_unwritable")
             return Outcome("dropped", f"output_unwritable: {problem}")
-        lease = self.keeper.hold(dataset, sid, attempt)
+        lease = self.keeper.hold(dataset, sid, attempt_id)
+        a = Attempt(dataset, sample, sid, attempt_id, spec, lease, folder)
         try:
-            return self._generate(dataset, sample, sid, attempt, admitted.spec, lease)
+            return self._generate(a)
         except OutputUnwritable as e:  # a failure record could not be written: as for a record
-            self.output_guard.block(dataset, dataset_dir(admitted.spec["output_dir"], dataset), e)
-            self.ledger.release(dataset, sid, attempt, "output_unwritable")
+            self.output_guard.block(dataset, folder, e)
+            self.ledger.release(dataset, sid, attempt_id, "output_unwritable")
             return Outcome("dropped", f"output_unwritable: {e.reason}")
         except BaseException:
-            # Anything unplanned (a bug, the disk full, a warm shutdown): give the sample back.
-            self.ledger.release(dataset, sid, attempt, "worker_error")
+            # Anything unplanned (a bug, a warm shutdown): give the sample back.
+            self.ledger.release(dataset, sid, attempt_id, "worker_error")
             raise
         finally:
             self.keeper.drop(lease)
 
-    def _generate(
-        self, dataset: str, sample: dict[str, Any], sid: str, attempt: str, spec: dict[str, Any], lease: Lease
-    ) -> Outcome:
-        servers: list[str] = spec["servers"]
-        sampling = dict(spec["sampling"])
-        sampling.setdefault("stream_interval", DEFAULT_STREAM_INTERVAL)
-        max_attempts = int(spec.get("max_attempts", DEFAULT_MAX_ATTEMPTS))
-        base_s = float(spec.get("backoff_base_s", BACKOFF_BASE_S))
-        cap_s = float(spec.get("backoff_cap_s", BACKOFF_CAP_S))
+    def _progress(self, a: Attempt, new_tokens: int) -> tuple[Progress, str]:
+        return self.ledger.progress(a.dataset, a.sid, a.attempt, new_tokens, self.lease_ms)
+
+    def _generate(self, a: Attempt) -> Outcome:
+        spec = a.spec
+        sampling = dict(spec.sampling)
         last_error: SGLangError | None = None
         last_server: str | None = None
-        conversation = Conversation.of(sample, spec, dataset)  # several replies (regenerate = "all")
-        problem = out_of_vocabulary(sample.get("input_ids"), spec.get("vocab_size"))
+        conversation = Conversation.of(a.sample, spec, a.dataset)  # several replies (regenerate = "all")
+        problem = out_of_vocabulary(a.sample.get("input_ids"), spec.vocab_size)
         if problem:  # the producer rejects such lines; this guards a server from one that got through
-            return self._fail(dataset, sample, sid, attempt, spec, problem, 0)
-        for try_no in range(1, max_attempts + 1):
+            return self._fail(a, problem, 0)
+        for try_no in range(1, spec.max_attempts + 1):
             if try_no > 1:
-                self.sleep(backoff_s(try_no - 1, base_s, cap_s))
-                verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
-                if verdict is not Progress.CONTINUE or lease.lost.is_set():
+                self.sleep(backoff_s(try_no - 1, spec.backoff_base_s, spec.backoff_cap_s))
+                verdict, state = self._progress(a, 0)
+                if verdict is not Progress.CONTINUE or a.lease.lost.is_set():
                     kept = conversation.kept_tokens if conversation else 0
-                    return self._give_back(dataset, sid, attempt, state, verdict, kept)
+                    return self._give_back(a, state, verdict, kept)
             live = 0
             stop: tuple[Progress, str] | None = None
 
             def on_tokens(n: int) -> bool:
                 nonlocal live, stop
                 live += n
-                if lease.lost.is_set():
+                if a.lease.lost.is_set():
                     stop = (Progress.LOST, "")
                     return False
-                verdict, state = self.ledger.progress(dataset, sid, attempt, n, self.lease_ms)
+                verdict, state = self._progress(a, n)
                 if verdict is not Progress.CONTINUE:
                     stop = (verdict, state)
                     # The ledger told every worker process (Ledger.progress announces a stop): each
@@ -206,180 +210,142 @@ class SampleRunner:
             # A busy server (it shed the request) is avoided for this retry but not counted as failing.
             failure = None if isinstance(last_error, ServerBusy) else last_error
             # Tracked from before it waits for a server slot: a stop meanwhile means it is never sent.
-            with self.inflight.track(dataset, new_rid(dataset), "") as request:
+            with self.inflight.track(a.dataset, new_rid(a.dataset), "") as request:
                 try:
                     with self.picker.use(
-                        servers,
+                        spec.servers,
                         avoid=last_server,
                         failure=failure,
-                        caps=spec.get("max_inflight_per_server"),
+                        caps=spec.max_inflight_per_server,
                         cancelled=lambda: request.handle.requested,
                     ) as server:
                         try:
-                            self.client.set_auth(server, server_auth((spec.get("auth") or {}).get(server)))
+                            self.client.set_auth(server, server_auth(spec.auth_of(server)))
                             gen = generate(
                                 server,
                                 rid=request.handle.rid,
                                 sampling_params=sampling,
-                                input_ids=sample.get("input_ids"),
-                                text=sample.get("text"),
-                                timeout_s=float(spec.get("timeout_s", 1800)),
+                                input_ids=a.sample.get("input_ids"),
+                                text=a.sample.get("text"),
+                                timeout_s=spec.timeout_s,
                                 on_tokens=on_tokens,
                                 stop=request.handle,
-                                stall_timeout_s=spec.get("stall_timeout_s"),
+                                stall_timeout_s=spec.stall_timeout_s,
                             )
                         except (RequestRejected, ProtocolError) as e:
-                            return self._fail(dataset, sample, sid, attempt, spec, e.message, live)
+                            return self._fail(a, e.message, live)
                         except (Unauthorized, MissingKey) as e:
                             # This process holds no valid key for the server: not the sample's fault, nor
                             # the server's. Give the sample back for a worker that has the key.
-                            log.error("%s: no valid API key for %s here: %s", dataset, redact_url(server), e)
-                            self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
+                            log.error(
+                                "%s: no valid API key for %s here: %s", a.dataset, redact_url(server), e
+                            )
+                            self._progress(a, -live)
                             kept = conversation.kept_tokens if conversation else 0
-                            self.ledger.release(dataset, sid, attempt, "unauthorized", kept)
+                            self.ledger.release(a.dataset, a.sid, a.attempt, "unauthorized", kept)
                             return Outcome("dropped", "unauthorized")
                         except ServerUnavailable as e:
                             last_error, last_server = e, server
-                            self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
-                            log.warning("%s/%s attempt %d: %s", dataset, sid, try_no, e)
+                            self._progress(a, -live)
+                            log.warning("%s/%s attempt %d: %s", a.dataset, a.sid, try_no, e)
                             continue
                 except SlotWaitCancelled:
-                    verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
+                    verdict, state = self._progress(a, 0)
                     kept = conversation.kept_tokens if conversation else 0
-                    return self._give_back(
-                        dataset, sid, attempt, state or request.handle.reason, verdict, kept
-                    )
+                    return self._give_back(a, state or request.handle.reason, verdict, kept)
             if stop is not None:
                 verdict, state = stop
-                return self._stopped(dataset, sample, sid, attempt, spec, gen, verdict, state)
+                return self._stopped(a, gen, verdict, state)
             if gen.aborted:
                 # Aborted by a dataset-wide abort (budget reached, revoked) or by the server on its own
                 # (retraction, restart): the ledger tells which.
-                verdict, state = self.ledger.progress(dataset, sid, attempt, 0, self.lease_ms)
-                if verdict is not Progress.CONTINUE or lease.lost.is_set():
-                    return self._stopped(dataset, sample, sid, attempt, spec, gen, verdict, state)
+                verdict, state = self._progress(a, 0)
+                if verdict is not Progress.CONTINUE or a.lease.lost.is_set():
+                    return self._stopped(a, gen, verdict, state)
                 last_error = ServerUnavailable(
                     f"{redact_url(server)}: aborted by the server: {gen.finish_reason}"
                 )
                 last_server = server
-                self.ledger.progress(dataset, sid, attempt, -live, self.lease_ms)
+                self._progress(a, -live)
                 continue
-            return self._record(dataset, sample, sid, attempt, spec, gen, truncated=False)
-        reason = f"gave up after {max_attempts} attempts: {last_error.message if last_error else '?'}"
-        return self._give_up(dataset, sample, sid, attempt, spec, reason)
+            return self._record(a, gen, truncated=False)
+        reason = f"gave up after {spec.max_attempts} attempts: {last_error.message if last_error else '?'}"
+        return self._give_up(a, reason)
 
-    def _stopped(
-        self,
-        dataset: str,
-        sample: dict[str, Any],
-        sid: str,
-        attempt: str,
-        spec: dict[str, Any],
-        gen: Generation,
-        verdict: Progress,
-        state: str,
-    ) -> Outcome:
-        """We cut the generation: the budget was reached, the dataset revoked, or the lease lost."""
+    def _stopped(self, a: Attempt, gen: Generation, verdict: Progress, state: str) -> Outcome:
+        """We cut the generation: the budget was reached, the dataset revoked or paused, or the lease
+        lost."""
         if verdict is Progress.CONTINUE:  # the lease keeper found the lease taken back
             verdict = Progress.LOST
         if verdict is Progress.STOP and state not in (DatasetState.REVOKED, DatasetState.PAUSED):
             if gen.completion_tokens == 0:  # stopped before its first token: nothing to keep or count
-                return self._give_back(dataset, sid, attempt, "budget", verdict, 0)
-            policy = spec.get("on_budget", "truncate")
-            if policy == "truncate":
-                return self._record(dataset, sample, sid, attempt, spec, gen, truncated=True)
+                return self._give_back(a, "budget", verdict, 0)
+            if a.spec.on_budget == "truncate":
+                return self._record(a, gen, truncated=True)
             self.ledger.release(
-                dataset, sid, attempt, "discarded", gen.completion_tokens, counts_against_budget=True
+                a.dataset, a.sid, a.attempt, "discarded", gen.completion_tokens, counts_against_budget=True
             )
             return Outcome("discarded", "token budget reached", gen.completion_tokens)
-        return self._give_back(dataset, sid, attempt, state, verdict, gen.completion_tokens)
+        return self._give_back(a, state, verdict, gen.completion_tokens)
 
-    def _give_back(
-        self, dataset: str, sid: str, attempt: str, state: str, verdict: Progress, thrown_away: int
-    ) -> Outcome:
+    def _give_back(self, a: Attempt, state: str, verdict: Progress, thrown_away: int) -> Outcome:
         reason = "lease_lost" if verdict is Progress.LOST else state or "stopped"
-        self.ledger.release(dataset, sid, attempt, reason, thrown_away)
+        self.ledger.release(a.dataset, a.sid, a.attempt, reason, thrown_away)
         return Outcome("dropped", reason, thrown_away)
 
-    def _record(
-        self,
-        dataset: str,
-        sample: dict[str, Any],
-        sid: str,
-        attempt: str,
-        spec: dict[str, Any],
-        gen: Generation,
-        *,
-        truncated: bool,
-    ) -> Outcome:
+    def _record(self, a: Attempt, gen: Generation, *, truncated: bool) -> Outcome:
         record = {
-            "id": sid,
-            "dataset": dataset,
-            "input_ids": sample.get("input_ids"),
+            "id": a.sid,
+            "dataset": a.dataset,
+            "input_ids": a.sample.get("input_ids"),
             "output_ids": gen.output_ids,
             "text": gen.text,
             "finish_reason": gen.finish_reason,
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.completion_tokens,
             "truncated": truncated,
-            "meta": sample.get("meta") or {},
-            "line_no": sample.get("line_no"),
-            "attempt": attempt,
+            "meta": a.sample.get("meta") or {},
+            "line_no": a.sample.get("line_no"),
+            "attempt": a.attempt,
             "rid": gen.rid,
             "server": redact_url(gen.server),
             "created_at": time.time(),
         }
-        record.update(record_fields(sample, gen))
-        folder = dataset_dir(spec["output_dir"], dataset)
+        record.update(record_fields(a.sample, gen))
         try:
-            self.sink.write_record(folder, record, spec.get("fsync", "always"))
+            self.sink.write_record(a.folder, record, a.spec.fsync)
         except OutputUnwritable as e:
             # Not written, so not counted: the sample goes back to pending, and this worker takes no more
             # of the dataset's work until it can write there again.
-            self.output_guard.block(dataset, folder, e)
-            self.ledger.release(dataset, sid, attempt, "output_unwritable", gen.completion_tokens)
+            self.output_guard.block(a.dataset, a.folder, e)
+            self.ledger.release(a.dataset, a.sid, a.attempt, "output_unwritable", gen.completion_tokens)
             return Outcome("dropped", f"output_unwritable: {e.reason}", gen.completion_tokens)
-        outcome = self.ledger.commit(dataset, sid, attempt, gen.completion_tokens, truncated)
+        outcome = self.ledger.commit(a.dataset, a.sid, a.attempt, gen.completion_tokens, truncated)
         return Outcome(
             outcome.value, "truncated at the token budget" if truncated else "", gen.completion_tokens
         )
 
-    def _give_up(
-        self, dataset: str, sample: dict[str, Any], sid: str, attempt: str, spec: dict[str, Any], reason: str
-    ) -> Outcome:
+    def _give_up(self, a: Attempt, reason: str) -> Outcome:
         """The servers kept failing: the sample goes back to pending (fed again later), and fails for good
         only after ``max_strikes`` tasks gave up on it."""
-        max_strikes = int(spec.get("max_strikes", DEFAULT_MAX_STRIKES))
-        if self.ledger.give_up(dataset, sid, attempt, reason, 0, max_strikes) is GiveUpOutcome.FAILED:
-            self._write_failure(dataset, sample, sid, attempt, spec, reason)
+        given_up = self.ledger.give_up(a.dataset, a.sid, a.attempt, reason, 0, a.spec.max_strikes)
+        if given_up is GiveUpOutcome.FAILED:
+            self._write_failure(a, reason)
             return Outcome("failed", reason)
         return Outcome("dropped", f"server_unavailable: {reason}")
 
-    def _fail(
-        self,
-        dataset: str,
-        sample: dict[str, Any],
-        sid: str,
-        attempt: str,
-        spec: dict[str, Any],
-        reason: str,
-        wasted: int,
-    ) -> Outcome:
-        self._write_failure(dataset, sample, sid, attempt, spec, reason)
-        self.ledger.fail(dataset, sid, attempt, reason, wasted)
+    def _fail(self, a: Attempt, reason: str, wasted: int) -> Outcome:
+        self._write_failure(a, reason)
+        self.ledger.fail(a.dataset, a.sid, a.attempt, reason, wasted)
         return Outcome("failed", reason, wasted)
 
-    def _write_failure(
-        self, dataset: str, sample: dict[str, Any], sid: str, attempt: str, spec: dict[str, Any], reason: str
-    ) -> None:
+    def _write_failure(self, a: Attempt, reason: str) -> None:
         failure = {
-            "id": sid,
-            "dataset": dataset,
-            "line_no": sample.get("line_no"),
+            "id": a.sid,
+            "dataset": a.dataset,
+            "line_no": a.sample.get("line_no"),
             "reason": reason,
-            "attempt": attempt,
+            "attempt": a.attempt,
             "failed_at": time.time(),
         }
-        self.sink.write_failure(
-            dataset_dir(spec["output_dir"], dataset), failure, spec.get("fsync", "always")
-        )
+        self.sink.write_failure(a.folder, failure, a.spec.fsync)

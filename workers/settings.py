@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
+from budget import defaults
 from budget.location import redis_url_from_env
 
 #: The Celery queue every generate task goes through.
@@ -36,7 +37,7 @@ GENERATE_GROUP_TASK: Final = "tokenfleet.generate_group"
 DEFAULT_VISIBILITY_TIMEOUT_S: Final = 7200
 
 #: A generation's lease in the ledger lives this long without renewal; a worker renews every quarter.
-DEFAULT_LEASE_S: Final = 60.0
+DEFAULT_LEASE_S: Final = defaults.LEASE_S
 
 #: Threads per worker process: generations are long I/O-bound HTTP streams.
 DEFAULT_CONCURRENCY: Final = 32

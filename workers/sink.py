@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import socket
 import threading
 from pathlib import Path
@@ -23,15 +22,13 @@ from typing import Any, Final
 
 import orjson
 
+from budget import defaults
+
 #: File name patterns inside ``<output_dir>/<dataset>/``.
 PART_GLOB: Final = "part-*.jsonl"
 FAILED_GLOB: Final = "failed-*.jsonl"
 
 FSYNC_POLICIES: Final = ("always", "never")
-
-
-#: What a dataset name may be (the config checks it too): it names a folder under the output dir.
-DATASET_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class OutputUnwritable(Exception):
@@ -48,7 +45,7 @@ class UnsafeDatasetName(ValueError):
 
 def dataset_dir(output_dir: str | Path, dataset: str) -> Path:
     """``output_dir/dataset``, refusing any name that could leave ``output_dir``."""
-    if not DATASET_NAME_RE.fullmatch(dataset) or dataset in (".", ".."):
+    if not defaults.DATASET_NAME_RE.fullmatch(dataset) or dataset in (".", ".."):
         raise UnsafeDatasetName(f"dataset name {dataset!r} cannot name a folder under the output dir")
     return Path(output_dir) / dataset
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from budget.spec import DatasetSpec
 from producer.chat import load_chat_tokenizer
 from producer.source import RecordReader, Sample, SourceOptions
 from tests.unit.test_chat import CHATML, EOS_ID, make_chat_tokenizer, reference_ids
@@ -74,6 +75,10 @@ class ScriptedClient:
         )
 
 
+def spec_of(tokenizer_dir: Path) -> DatasetSpec:
+    return DatasetSpec(servers=(), output_dir="", tokenizer=str(tokenizer_dir))
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_chat_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
@@ -111,7 +116,7 @@ def generate(conversation: Conversation, client: ScriptedClient, run: Run) -> Ge
 
 def test_each_reply_is_prompted_with_the_replies_generated_before_it(tokenizer_dir: Path) -> None:
     sample = sample_of(tokenizer_dir)
-    conversation = Conversation.of(sample, {"tokenizer": str(tokenizer_dir)}, "ds")
+    conversation = Conversation.of(sample, spec_of(tokenizer_dir), "ds")
     assert conversation is not None and conversation.replies == 3
     client, run = ScriptedClient(), Run()
 
@@ -143,7 +148,7 @@ def test_each_reply_is_prompted_with_the_replies_generated_before_it(tokenizer_d
 
 
 def test_a_retry_resumes_at_the_reply_that_failed(tokenizer_dir: Path) -> None:
-    conversation = Conversation.of(sample_of(tokenizer_dir), {"tokenizer": str(tokenizer_dir)}, "ds")
+    conversation = Conversation.of(sample_of(tokenizer_dir), spec_of(tokenizer_dir), "ds")
     assert conversation is not None
     client = ScriptedClient(fail={1: ServerUnavailable("HTTP 503: busy")})
     first_try = Run()
@@ -164,7 +169,7 @@ def test_a_retry_resumes_at_the_reply_that_failed(tokenizer_dir: Path) -> None:
 def test_a_later_prompt_the_server_refuses_ends_the_conversation_with_its_replies(
     tokenizer_dir: Path,
 ) -> None:
-    conversation = Conversation.of(sample_of(tokenizer_dir), {"tokenizer": str(tokenizer_dir)}, "ds")
+    conversation = Conversation.of(sample_of(tokenizer_dir), spec_of(tokenizer_dir), "ds")
     assert conversation is not None
     client = ScriptedClient(fail={2: RequestRejected("HTTP 400: The input (99 tokens) is longer than ...")})
 
@@ -177,14 +182,14 @@ def test_a_later_prompt_the_server_refuses_ends_the_conversation_with_its_replie
 
 
 def test_a_4xx_on_the_first_reply_fails_the_sample_as_usual(tokenizer_dir: Path) -> None:
-    conversation = Conversation.of(sample_of(tokenizer_dir), {"tokenizer": str(tokenizer_dir)}, "ds")
+    conversation = Conversation.of(sample_of(tokenizer_dir), spec_of(tokenizer_dir), "ds")
     assert conversation is not None
     with pytest.raises(RequestRejected):
         generate(conversation, ScriptedClient(fail={0: RequestRejected("HTTP 400: no")}), Run())
 
 
 def test_a_stop_returns_the_partial_reply_without_keeping_it(tokenizer_dir: Path) -> None:
-    conversation = Conversation.of(sample_of(tokenizer_dir), {"tokenizer": str(tokenizer_dir)}, "ds")
+    conversation = Conversation.of(sample_of(tokenizer_dir), spec_of(tokenizer_dir), "ds")
     assert conversation is not None
     run = Run(stop_after=8)  # the first reply is 6 tokens; the second is cut after 2 more
 
@@ -198,7 +203,7 @@ def test_a_stop_returns_the_partial_reply_without_keeping_it(tokenizer_dir: Path
 
 
 def test_a_budget_reached_between_replies_ends_the_conversation_there(tokenizer_dir: Path) -> None:
-    conversation = Conversation.of(sample_of(tokenizer_dir), {"tokenizer": str(tokenizer_dir)}, "ds")
+    conversation = Conversation.of(sample_of(tokenizer_dir), spec_of(tokenizer_dir), "ds")
     assert conversation is not None
     run = Run(stop_after=6)  # reached by the first reply's last chunk, reported once the reply is done
     client = ScriptedClient()
@@ -217,7 +222,7 @@ def test_a_template_that_rewrites_history_marks_earlier_replies_as_not_in_contex
         "{{ m['content'] }}", "{{ 'w0' if m['role'] == 'assistant' else m['content'] }}"
     )
     folder = make_chat_tokenizer(tmp_path / "rewriting", chat_template=rewriting)
-    conversation = Conversation.of(sample_of(folder), {"tokenizer": str(folder)}, "ds")
+    conversation = Conversation.of(sample_of(folder), spec_of(folder), "ds")
     assert conversation is not None
 
     gen = generate(conversation, ScriptedClient(), Run())
@@ -227,12 +232,12 @@ def test_a_template_that_rewrites_history_marks_earlier_replies_as_not_in_contex
 
 def test_a_sample_with_one_reply_is_an_ordinary_generation(tokenizer_dir: Path) -> None:
     one = sample_of(tokenizer_dir, TURNS[:2])
-    assert Conversation.of(one, {"tokenizer": str(tokenizer_dir)}, "ds") is None
-    assert Conversation.of({"input_ids": [1, 2]}, {}, "ds") is None
+    assert Conversation.of(one, spec_of(tokenizer_dir), "ds") is None
+    assert Conversation.of({"input_ids": [1, 2]}, DatasetSpec((), ""), "ds") is None
 
 
 def test_a_worker_without_the_tokenizer_fails_the_sample_with_a_clear_reason(tokenizer_dir: Path) -> None:
-    conversation = Conversation.of(sample_of(tokenizer_dir), {"tokenizer": "/nowhere/tok"}, "ds")
+    conversation = Conversation.of(sample_of(tokenizer_dir), spec_of(Path("/nowhere/tok")), "ds")
     assert conversation is not None
     with pytest.raises(
         ConversationError, match=r"^on this worker: tokenizer '/nowhere/tok' cannot be loaded"

@@ -63,3 +63,21 @@ def test_an_unreadable_or_remote_model_folder_gives_no_vocabulary(tmp_path: Path
 def test_smallest_ignores_what_no_server_told() -> None:
     assert smallest([None, 4096, 2048]) == 2048
     assert smallest([None, None]) is None
+
+
+def test_a_dataset_spec_survives_the_ledger_round_trip_and_fills_what_an_older_submit_left_out() -> None:
+    from budget.spec import DatasetSpec
+
+    spec = DatasetSpec(
+        servers=("http://a:1",),
+        output_dir="/out",
+        sampling={"max_new_tokens": 16},
+        max_inflight_per_server={"http://a:1": 32},
+        auth={"http://a:1": {"api_key": {"env": "K"}}},
+        vocab_size=2048,
+    )
+    assert DatasetSpec.from_json(json.loads(json.dumps(spec.as_json()))) == spec
+    assert spec.sampling["stream_interval"] == 8  # the effective sampling, default applied once
+    older = DatasetSpec.from_json({"servers": ["http://a:1"], "output_dir": "/out", "max_new_tokens": 9})
+    assert older.timeout_s == 1800.0 and older.max_attempts == 5 and older.on_budget == "truncate"
+    assert older.vocab_size is None and older.auth_of("http://a:1") is None

@@ -33,8 +33,7 @@ def spec_caps(tmp_path: Path, servers: list[str], cap: int | None = None) -> dic
             "timeout_s = 60\n", f"timeout_s = 60\nmax_inflight_per_server = {cap}\n"
         )
         config.write_text(text)
-    caps: dict[str, int | None] = dataset_spec(load_config(config, env={}), "ds")["max_inflight_per_server"]
-    return caps
+    return dict(dataset_spec(load_config(config, env={}), "ds").max_inflight_per_server)
 
 
 def test_each_servers_default_cap_is_its_max_running_requests_and_a_silent_server_gets_none(

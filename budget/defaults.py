@@ -1,0 +1,34 @@
+"""Every default a dataset's generation runs with, declared once: the config (``tokenfleet.config``), the
+dataset spec workers read (``budget.spec``), the runner and the SGLang client all import them from here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+#: Seconds a generation may take in all before it is given up and retried.
+TIMEOUT_S: Final = 1800.0
+#: Seconds a stream may stay silent (before its first chunk, or between two) before it is given up as
+#: stalled and the server marked down: a few times the longest normal gap (a long prefill on a busy server).
+STALL_TIMEOUT_S: Final = 60.0
+#: Attempts per sample against 5xx, dropped connections and server-side aborts, before a task gives up.
+MAX_ATTEMPTS: Final = 5
+#: Tasks that may give up on a sample (retries exhausted) before it is failed for good.
+MAX_STRIKES: Final = 3
+#: Exponential backoff with full jitter between attempts: a random wait in [0, min(cap, base * 2**n)].
+BACKOFF_BASE_S: Final = 1.0
+BACKOFF_CAP_S: Final = 30.0
+#: What happens to generations in flight when the token budget is reached (docs/budgets.md).
+ON_BUDGET: Final = "truncate"
+#: "always": a record is on disk (fsync) before the ledger counts it; "never": in the page cache.
+FSYNC: Final = "always"
+#: Tokens between streamed chunks when the dataset's sampling does not say: each chunk is one ledger
+#: update, and the budget can be overshot by at most this many tokens per generation in flight.
+STREAM_INTERVAL: Final = 8
+#: Which replies of a chat record are generated: "last" or "all" (docs/eagle3.md).
+REGENERATE: Final = "last"
+#: How long a generation's lease lives without renewal; a worker renews it every quarter.
+LEASE_S: Final = 60.0
+#: What a dataset name may be: it names a folder under the output dir, and a Redis hash tag.
+DATASET_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
