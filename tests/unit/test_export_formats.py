@@ -197,7 +197,7 @@ def test_a_text_export_counts_the_replies_that_do_not_re_tokenize_and_says_where
 
     chat = load_chat_tokenizer(str(tokenizer))
     system = {"role": "system", "content": "you are a helpful bot"}
-    conversation = [system, {"role": "user", "content": "tell me more"}, REPLY]
+    conversation: list[dict[str, Any]] = [system, {"role": "user", "content": "tell me more"}, REPLY]
     prompt = chat.prompt_ids(conversation[:2])
     hello, again, im_start = chat.encode("hello again") + chat.encode("<|im_start|>")
     base = {"attempt": "a", "completion_tokens": 3, "truncated": False, "conversation": conversation}
