@@ -17,6 +17,7 @@ from budget.location import redis_url_from_env
 from producer.source import SourceError
 from tokenfleet import __version__
 from tokenfleet.config import ConfigError, load_config, redact_url
+from tokenfleet.export import EXPORT_FORMATS, ExportReport
 from tokenfleet.view import fleet_view, snapshot_json, status_table, workers_json
 
 #: Exit codes.
@@ -132,8 +133,22 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if report.skipped_no_conversation:
         console.print(
             f"[yellow]left out {report.skipped_no_conversation:,} sample(s) with no conversation to write "
-            "(pre-tokenized prompts: export them with --format tokens)[/]"
+            "(pre-tokenized prompts: export them with --format specforge-tokens or tokens)[/]"
         )
+    if report.skipped_no_prompt_ids:
+        console.print(
+            f"[yellow]left out {report.skipped_no_prompt_ids:,} sample(s) whose prompt the server tokenized "
+            "(their prompt ids are not known: give the dataset a tokenizer)[/]"
+        )
+    if report.skipped_empty:
+        console.print(f"[yellow]left out {report.skipped_empty:,} sample(s) with no generated token[/]")
+    if report.replies_left_out:
+        console.print(
+            f"[yellow]left out {report.replies_left_out:,} earlier repl(ies) whose exact prompt is not on "
+            "record (the chat template rewrote them in later prompts)[/]"
+        )
+    if report.format in ("specforge", "sharegpt"):
+        _print_text_losses(report, console)
     if report.torn_lines:
         console.print(f"[yellow]skipped {report.torn_lines} torn line(s) in the part files[/]")
     if report.missing:
@@ -143,6 +158,33 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         )
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _print_text_losses(report: ExportReport, console: Console) -> None:
+    """What a text export loses: replies a trainer tokenizes to other ids, rows without a system turn."""
+    if not report.replies_checked:
+        console.print(
+            "[yellow]replies not checked against their ids (the dataset has no tokenizer): a trainer "
+            "tokenizes this text again; --format specforge-tokens keeps the exact ids[/]"
+        )
+    elif report.mismatches:
+        where = "; ".join(m.describe() for m in report.mismatch_examples[:5])
+        console.print(
+            f"[yellow]{report.mismatches:,} of {report.replies_checked:,} repl(ies) do not re-tokenize to "
+            f"the generated ids with the dataset's tokenizer (e.g. {where}); all in {report.mismatch_path}. "
+            "--format specforge-tokens keeps the exact ids[/]"
+        )
+    else:
+        console.print(
+            f"all {report.replies_checked:,} repl(ies) re-tokenize to the generated ids with the dataset's "
+            "tokenizer"
+        )
+    if report.no_system_turn:
+        console.print(
+            f"[yellow]{report.no_system_turn:,} row(s) have no system turn (their prompt had none): a "
+            "trainer may add its template's default system prompt to them (SpecForge does); "
+            "--format specforge-tokens keeps the exact prompt[/]"
+        )
 
 
 def cmd_control(args: argparse.Namespace, console: Console) -> int:
@@ -273,14 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output-dir", type=Path, help="where the part files are, if not where workers wrote")
     s.add_argument(
         "--format",
-        choices=("tokens", "specforge", "sharegpt"),
+        choices=EXPORT_FORMATS,
         default="tokens",
-        help="tokens: full records with loss_mask (default); specforge / sharegpt: conversations rows",
+        help="tokens: full records with generated_mask (default); specforge-tokens: exact ids + loss_mask "
+        "for SpecForge; speculators: vllm speculators regeneration rows; specforge / sharegpt: "
+        "conversation text rows",
     )
     s.add_argument(
         "--include-truncated",
         action="store_true",
-        help="specforge / sharegpt: also write samples cut at the token budget (tokens always does)",
+        help="all formats but tokens: also write samples cut at the token budget (tokens always does)",
     )
     s.set_defaults(func=cmd_export)
 

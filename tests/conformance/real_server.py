@@ -282,6 +282,26 @@ class RealServer:
         return found
 
 
+#: The trainer the conformance suite loads exports with (``tests/conformance/test_trainers.py``), installed
+#: into the server's venv (which already has torch and transformers): SpecForge without its dependencies,
+#: plus ``datasets``, which its data code imports.
+SPECFORGE_VERSION: Final = "0.2.0"
+
+
+def install_specforge(root: Path) -> None:
+    """Install SpecForge's data code into the server's venv, unless it is there already."""
+    python = str(root / "venv" / "bin" / "python")
+    probe = (
+        "import importlib.metadata as m, specforge.data.prompt_builder, specforge.data.preprocessing; "
+        f"assert m.version('specforge') == {SPECFORGE_VERSION!r}"
+    )
+    if subprocess.run([python, "-c", probe], capture_output=True, check=False).returncode == 0:
+        return
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, "--no-deps", f"specforge=={SPECFORGE_VERSION}"], check=True)
+    subprocess.run([*pip, "datasets"], check=True)
+
+
 def main(argv: list[str]) -> int:
     root, port = default_root(), default_port()
     if argv == ["install"]:
@@ -290,6 +310,7 @@ def main(argv: list[str]) -> int:
         else:
             print(f"real sglang: installing under {root} (3-4 minutes, once; log {root}/logs)")
             run_recipe(root, port, "install")
+        install_specforge(root)
         return 0
     if argv == ["stop"]:
         run_recipe(root, port, "stop")

@@ -191,7 +191,7 @@ def test_chat_datasets_of_every_shape_and_container_are_prompted_with_the_models
                 assert r["input_ids"] == reference_ids(tokenizer_dir, expected_prompts[shape][r["id"]]), shape
                 assert r["conversation"] == [*expected_prompts[shape][r["id"]], REPLY_NONE]
             assert r["output_ids"] == chat_sim.generate(r["input_ids"], SAMPLING)["output_ids"]
-            assert r["loss_mask"] == [0] * len(r["input_ids"]) + [1] * len(r["output_ids"])
+            assert r["generated_mask"] == [0] * len(r["input_ids"]) + [1] * len(r["output_ids"])
     assert next(r for r in export(fleet_ledger, names["specforge"], tmp_path) if r["id"] == "s1")["meta"] == {
         "lang": "en"
     }
@@ -275,7 +275,7 @@ def test_regenerate_all_generates_every_reply_with_the_regenerated_history_as_co
             start = turn["prompt_tokens"]
             assert sequence[start : start + len(turn["output_ids"])] == turn["output_ids"]
             assert turn["in_context"]
-        assert sum(r["loss_mask"]) == r["completion_tokens"]
+        assert sum(r["generated_mask"]) == r["completion_tokens"]
     assert "turns" not in records["single"]
 
     rows_out = {r["id"]: r for r in export(fleet_ledger, name, tmp_path, "specforge")}
