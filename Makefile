@@ -19,6 +19,7 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy

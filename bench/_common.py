@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import redis
 
-from tokenfleet.local import free_port, start_worker, stop_process, wait_for_workers
+from tokenfleet.processes import free_port, start_worker, stop_process, wait_for_workers
 
 BENCH_REDIS_URL = os.environ.get("TOKENFLEET_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 

@@ -39,7 +39,7 @@ from producer.feeder import DatasetFeed, Feeder
 from tokenfleet.export import export_dataset
 from tokenfleet.publish import TaskPublisher
 from workers.app import make_app
-from workers.settings import QUEUE_NAME
+from workers.messages import QUEUE_NAME
 
 
 def peak_rss_mib() -> float:

@@ -17,7 +17,7 @@ and ``conversations`` is ShareGPT or SpecForge by its turns' keys. A forced form
 A key whose value is null counts as absent. The id is the ``id_field`` (default ``id``) when present,
 otherwise derived from the record's content; every other field is kept as meta.
 
-Nothing here tokenizes: chat turns come out as ``{"role", "content"}`` dicts for `producer.chat`.
+Nothing here tokenizes: chat turns come out as ``{"role", "content"}`` dicts for `chat.templates`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The rows come from `producer.containers` (JSON Lines, gzip, Parquet, a saved Hugging Face dataset, other
 local data files), each record's shape is read by `producer.formats`, and chat records become exact prompt
-tokens through `producer.chat`. A bad record never stops the stream: it comes out as a `Rejected` with its
+tokens through `chat.templates`. A bad record never stops the stream: it comes out as a `Rejected` with its
 line (or row) number and a one-line reason. Only a problem with the source as a whole raises `SourceError`.
 
 Without a `RecordReader`, `iter_source` reads tokenfleet's original line format: an optional ``id``
@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import orjson
 
-from producer.chat import REPLY, ChatTokenizer, count_replies, load_chat_tokenizer, plan_conversation
-from producer.chat import prompt_messages as _prompt_messages
+from chat.templates import REPLY, ChatTokenizer, count_replies, load_chat_tokenizer, plan_conversation
+from chat.templates import prompt_messages as _prompt_messages
 from producer.containers import MAX_LINE_BYTES, OversizedLine, SourceError, check_source, open_rows
 from producer.formats import (
     PLAIN,

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-from tokenfleet.local import redis_answers, redis_server_binary
+from tokenfleet.processes import redis_answers, redis_server_binary
 
 URL = "redis://127.0.0.1:6379/0"
 

@@ -13,12 +13,12 @@ import orjson
 from rich.console import Console, RenderableType
 
 from budget import DatasetSnapshot, Ledger, LedgerError, UnknownDataset
-from budget.location import redis_url_from_env
+from budget.urls import redis_url_from_env
 from producer.source import SourceError
 from tokenfleet import __version__
 from tokenfleet.config import ConfigError, load_config, redact_url
 from tokenfleet.export import EXPORT_FORMATS, ExportReport
-from tokenfleet.view import fleet_view, snapshot_json, status_table, workers_json
+from tokenfleet.status_view import fleet_view, snapshot_json, status_table, workers_json
 
 #: Exit codes.
 EXIT_OK = 0
@@ -71,7 +71,7 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     from rich.live import Live
 
-    from budget.servers import ServerLedger
+    from budget.server_board import ServerLedger
     from workers.version import full_version
 
     ledger = _ledger(args)
@@ -236,7 +236,7 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     if args.redis_url:
         os.environ["TOKENFLEET_REDIS_URL"] = args.redis_url
     from workers.app import app
-    from workers.settings import QUEUE_NAME
+    from workers.messages import QUEUE_NAME
 
     argv = [
         "worker",

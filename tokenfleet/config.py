@@ -55,7 +55,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from budget import defaults
-from budget.location import DEFAULT_REDIS_URL, REDIS_URL_ENV, redact_url
+from budget.urls import DEFAULT_REDIS_URL, REDIS_URL_ENV, redact_url
 from producer.formats import Format
 from producer.source import SourceError, check_source
 from workers.sglang.protocol import (

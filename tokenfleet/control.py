@@ -9,7 +9,7 @@ process, each of which aborts its own in-flight requests of the dataset by their
 from __future__ import annotations
 
 from budget import Ledger
-from workers.settings import QUEUE_NAME
+from workers.messages import QUEUE_NAME
 
 
 def pause(ledger: Ledger, name: str) -> tuple[str, int]:

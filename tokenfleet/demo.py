@@ -16,13 +16,13 @@ from typing import Final
 from rich.console import Console
 
 from budget import Ledger
-from budget.location import redis_url_from_env
+from budget.urls import redis_url_from_env
 from tokenfleet.config import load_config, redact_url
 from tokenfleet.export import export_dataset
-from tokenfleet.local import embedded_redis, redis_answers, start_worker, stop_process, wait_for_workers
+from tokenfleet.processes import embedded_redis, redis_answers, start_worker, stop_process, wait_for_workers
 from tokenfleet.sim import SimConfig, SimServerThread
+from tokenfleet.status_view import status_table
 from tokenfleet.submit import run_submit
-from tokenfleet.view import status_table
 
 DEMO_DATASETS: Final = ("demo_instructions", "demo_pretokenized")
 DEMO_WORKERS: Final = 2

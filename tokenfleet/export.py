@@ -39,7 +39,7 @@ from typing import Any, Final, Literal, get_args
 import orjson
 
 from budget import Ledger
-from producer.chat import ChatError, ChatTokenizer, load_chat_tokenizer
+from chat.templates import ChatError, ChatTokenizer, load_chat_tokenizer
 from tokenfleet.exports.retokenize import ChatRenderer, Mismatch, check_row, replies_of
 from tokenfleet.exports.token_rows import loss_mask, specforge_tokens_row, speculators_rows
 from workers.sink import PART_GLOB

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from budget import DatasetSnapshot, Ledger, LedgerError, UnknownDataset
 from budget.ledger import DatasetState, connect
-from budget.location import redis_url_from_env
+from budget.urls import redis_url_from_env
 
 __all__ = [
     "DEFAULT_PORT",

@@ -8,7 +8,7 @@ from typing import Any
 from celery import Celery
 
 from producer.source import Sample
-from workers.settings import (
+from workers.messages import (
     DATASET_STAMP,
     GENERATE_GROUP_TASK,
     GENERATE_TASK,

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from budget import DatasetLimits, DatasetSnapshot, Ledger, LedgerError
-from budget.servers import ServerLedger
+from budget.server_board import ServerLedger
 from budget.spec import DatasetSpec
 from budget.storage import (
     EPOCH_MARKER,
@@ -28,7 +28,7 @@ from budget.storage import (
     read_marker,
     write_marker,
 )
-from producer.chat import ChatError
+from chat.templates import ChatError
 from producer.feeder import DEFAULT_STALL_S, DEFAULT_WINDOW, DatasetFeed, Feeder, Unsettled
 from producer.formats import CHAT_SHAPES
 from producer.source import RecordReader, SourceError, SourceOptions, first_record
@@ -44,8 +44,8 @@ from tokenfleet.fingerprint import (
 from tokenfleet.publish import TaskPublisher
 from tokenfleet.reconcile import count_part_lines, disagreement, reconcile_dataset
 from tokenfleet.server_facts import ServerFacts, learn, smallest
-from tokenfleet.view import fleet_view
-from workers.settings import QUEUE_NAME
+from tokenfleet.status_view import fleet_view
+from workers.messages import QUEUE_NAME
 from workers.sglang.auth import MissingKey, server_auth
 from workers.sglang.client import SGLangClient, SGLangError, Unauthorized
 from workers.version import full_version
@@ -103,7 +103,7 @@ def dataset_spec(
     ds = next(d for d in cfg.datasets if d.name == name)
     if servers is None:
         servers = learn_servers(cfg)
-    # Generations in flight per server, fleet-wide (workers.servers). Default: the server's batch size in
+    # Generations in flight per server, fleet-wide (workers.server_picker). Default: the batch size in
     # force, so requests wait in our queue rather than in the server's, where a stop could not reach them
     # before they are prefilled. A server that does not tell (down now, or an sglang-router, which has no
     # /server_info) gets no cap.

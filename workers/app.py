@@ -9,13 +9,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from workers.settings import (
-    DEFAULT_CONCURRENCY,
-    GENERATE_GROUP_TASK,
-    GENERATE_TASK,
-    QUEUE_NAME,
-    WorkerSettings,
-)
+from workers.messages import GENERATE_GROUP_TASK, GENERATE_TASK, QUEUE_NAME
+from workers.settings import DEFAULT_CONCURRENCY, WorkerSettings
 
 settings = WorkerSettings.from_env()
 

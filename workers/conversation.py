@@ -1,6 +1,6 @@
 """A sample of several replies (``regenerate = "all"``): one ``/generate`` per reply, in order.
 
-The producer plans the conversation (`producer.chat.plan_conversation`) and tokenizes the first reply's
+The producer plans the conversation (`chat.templates.plan_conversation`) and tokenizes the first reply's
 prompt; each later prompt is the chat template rendered over the turns so far, with the replies generated
 before it as their text (decoded from their exact ids), so the server sees what the trainer will see when
 it templates the exported conversation.
@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from budget.location import redact_url
 from budget.spec import DatasetSpec
-from producer.chat import ChatError, ChatTokenizer, count_replies, load_chat_tokenizer, prompt_messages
+from budget.urls import redact_url
+from chat.templates import ChatError, ChatTokenizer, count_replies, load_chat_tokenizer, prompt_messages
 from workers.rids import new_rid
 from workers.sglang.client import (
     Generation,

@@ -10,25 +10,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from budget import defaults
-from budget.location import redis_url_from_env
-
-#: The Celery queue every generate task goes through.
-QUEUE_NAME: Final = "tokenfleet"
-
-#: Name of the generate task, as Flower shows it.
-GENERATE_TASK: Final = "tokenfleet.generate"
-
-#: Celery stamped header carrying the dataset (``revoke_by_stamped_headers dataset=NAME``).
-DATASET_STAMP: Final = "dataset"
-
-#: Message header carrying the sample id, read by the ledger's queue purge (``budget/lua/purge_queue.lua``).
-SAMPLE_ID_HEADER: Final = "tf_sample_id"
-
-#: The same for a group task: the list of its samples' ids.
-SAMPLE_IDS_HEADER: Final = "tf_sample_ids"
-
-#: Name of the task that runs a group of samples at once (``samples_per_task`` > 1).
-GENERATE_GROUP_TASK: Final = "tokenfleet.generate_group"
+from budget.urls import redis_url_from_env
 
 #: Redis broker visibility timeout: a message not acknowledged in this time is delivered again. It must
 #: exceed the longest generation (request timeout 1800 s by default, plus retries), or a running task's

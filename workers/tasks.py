@@ -18,10 +18,10 @@ from celery.worker import state as worker_state
 
 from budget import Ledger
 from workers.app import app, settings
-from workers.generate import SampleRunner
 from workers.heartbeat import Heartbeat
 from workers.leases import LeaseKeeper
-from workers.settings import DATASET_STAMP, GENERATE_GROUP_TASK, GENERATE_TASK
+from workers.messages import DATASET_STAMP, GENERATE_GROUP_TASK, GENERATE_TASK
+from workers.runner import SampleRunner
 from workers.sglang.client import SGLangClient
 from workers.sink import OutputSink
 

@@ -17,7 +17,7 @@ from tests.conformance.helpers import ADMIN_KEY_ENV, API_KEY_ENV, ServerKeys, Wo
 from tests.conformance.real_server import RealServer, default_port, default_root
 from tests.integration.conftest import WORKER_ENV, fleet_ledger, fleet_redis_url
 from tokenfleet.cli import main
-from tokenfleet.local import start_worker, stop_process, wait_for_workers
+from tokenfleet.processes import start_worker, stop_process, wait_for_workers
 
 __all__ = ["fleet_ledger", "fleet_redis_url"]
 

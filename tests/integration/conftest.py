@@ -26,7 +26,7 @@ import redis
 from budget import Ledger
 from tests.conftest import IN_CI
 from tokenfleet.cli import main
-from tokenfleet.local import start_worker, stop_process, wait_for_workers
+from tokenfleet.processes import start_worker, stop_process, wait_for_workers
 from tokenfleet.sim import SimConfig, SimServerThread
 
 FLEET_REDIS_URL = os.environ.get("TOKENFLEET_TEST_FLEET_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -234,7 +234,7 @@ class PrivateFleet:
         redis_args: tuple[str, ...] = ("--save", "", "--appendonly", "no"),
         password: str | None = None,
     ) -> None:
-        from tokenfleet.local import free_port, start_redis
+        from tokenfleet.processes import free_port, start_redis
 
         self.folder = folder
         self.port = free_port()
@@ -262,7 +262,7 @@ class PrivateFleet:
         """SIGTERM (Redis writes its AOF on shutdown), wait, start it again on the same port and folder."""
         import time
 
-        from tokenfleet.local import start_redis
+        from tokenfleet.processes import start_redis
 
         self.redis.terminate()
         self.redis.wait(timeout=10)

@@ -21,8 +21,8 @@ from tests.integration.test_fleet_run import export, token_rows
 from tokenfleet import control
 from tokenfleet.cli import main
 from tokenfleet.publish import TaskPublisher
+from workers.messages import QUEUE_NAME
 from workers.rids import dataset_tag
-from workers.settings import QUEUE_NAME
 
 pytestmark = pytest.mark.integration
 

@@ -35,7 +35,7 @@ from ruamel.yaml import YAML
 from budget import Ledger
 from tokenfleet.config import load_config
 from tokenfleet.export import export_dataset
-from tokenfleet.local import free_port, redis_server_binary
+from tokenfleet.processes import free_port, redis_server_binary
 
 pytestmark = pytest.mark.integration
 

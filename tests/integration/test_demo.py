@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import read_jsonl
-from tokenfleet.local import free_port, redis_answers
+from tokenfleet.processes import free_port, redis_answers
 
 pytestmark = pytest.mark.integration
 

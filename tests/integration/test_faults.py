@@ -192,7 +192,7 @@ def test_a_task_delivered_twice_at_once_runs_one_generation(
 def test_a_server_restarting_mid_run_loses_nothing(
     workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Path
 ) -> None:
-    from tokenfleet.local import free_port
+    from tokenfleet.processes import free_port
 
     port = free_port()
     sim = sim_factory(port=port, step_time_s=0.01, output_len_mean=40.0)

@@ -26,7 +26,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_fleet_run import export, token_rows
 from tokenfleet.cli import EXIT_USAGE, main
-from tokenfleet.local import free_port, start_redis
+from tokenfleet.processes import free_port, start_redis
 
 pytestmark = pytest.mark.integration
 

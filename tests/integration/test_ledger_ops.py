@@ -32,7 +32,7 @@ from tests.integration.ledger_helpers import (
     queued,
 )
 from tokenfleet.publish import TaskPublisher
-from workers.settings import QUEUE_NAME
+from workers.messages import QUEUE_NAME
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from budget import DatasetLimits, Ledger
 from tests.conftest import TEST_REDIS_URL
-from tokenfleet.local import free_port
 from tokenfleet.metrics import GAUGES, STATES, build_collector
+from tokenfleet.processes import free_port
 
 pytestmark = pytest.mark.integration
 

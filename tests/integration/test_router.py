@@ -23,12 +23,12 @@ import httpx
 import pytest
 
 from budget import Ledger
-from budget.servers import ServerLedger
+from budget.server_board import ServerLedger
 from tests.conftest import IN_CI
 from tests.integration.conftest import Sim, unique, write_config
 from tests.integration.test_fleet_run import export, token_rows
 from tokenfleet.cli import main
-from tokenfleet.local import free_port
+from tokenfleet.processes import free_port
 from workers.rids import dataset_tag
 
 pytestmark = pytest.mark.integration

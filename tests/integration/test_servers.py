@@ -19,11 +19,11 @@ import pytest
 
 from budget import Ledger, UnknownDataset
 from budget.keys import server_keys
-from budget.servers import ServerLedger
+from budget.server_board import ServerLedger
 from tests.integration.conftest import WORKER_ENV, Sim, unique, write_config
 from tests.integration.test_fleet_run import export, token_rows
 from tokenfleet.cli import main
-from tokenfleet.local import embedded_redis, free_port, start_worker, stop_process, wait_for_workers
+from tokenfleet.processes import embedded_redis, free_port, start_worker, stop_process, wait_for_workers
 
 pytestmark = pytest.mark.integration
 

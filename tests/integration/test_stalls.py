@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from budget import Ledger
-from budget.servers import ServerLedger, ServerStatus
+from budget.server_board import ServerLedger, ServerStatus
 from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
 from tests.integration.test_fleet_run import export, text_rows
 

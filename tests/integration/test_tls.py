@@ -22,7 +22,7 @@ from tests.integration.conftest import (
 )
 from tokenfleet.cli import main
 from tokenfleet.export import export_dataset
-from tokenfleet.local import free_port, redis_answers, start_worker, stop_process, wait_for_workers
+from tokenfleet.processes import free_port, redis_answers, start_worker, stop_process, wait_for_workers
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from tests.integration.conftest import self_signed_certificate
-from tokenfleet.local import free_port
+from tokenfleet.processes import free_port
 from workers.sglang import client as client_module
 from workers.sglang import wire as wire_module
 from workers.sglang.client import ServerUnavailable, SGLangClient

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from producer.chat import ChatError, ChatTokenizer, load_chat_tokenizer, plan_conversation, prompt_messages
+from chat.templates import ChatError, ChatTokenizer, load_chat_tokenizer, plan_conversation, prompt_messages
 from producer.source import (
     REASON_NEEDS_TOKENIZER,
     RecordReader,

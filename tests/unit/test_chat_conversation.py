@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from budget.spec import DatasetSpec
-from producer.chat import load_chat_tokenizer
+from chat.templates import load_chat_tokenizer
 from producer.source import RecordReader, Sample, SourceOptions
 from tests.unit.test_chat import CHATML, EOS_ID, make_chat_tokenizer, reference_ids
 from workers.conversation import Conversation, ConversationError, ConversationGeneration, record_fields

@@ -193,7 +193,7 @@ def test_every_format_but_tokens_leaves_out_what_a_trainer_cannot_load_and_count
 
 def test_a_text_export_counts_the_replies_that_do_not_re_tokenize_and_says_where(tmp_path: Path) -> None:
     tokenizer = make_chat_tokenizer(tmp_path / "tok")
-    from producer.chat import load_chat_tokenizer
+    from chat.templates import load_chat_tokenizer
 
     chat = load_chat_tokenizer(str(tokenizer))
     system = {"role": "system", "content": "you are a helpful bot"}

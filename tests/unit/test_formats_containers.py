@@ -166,7 +166,7 @@ def test_reading_plain_jsonl_imports_no_tokenizer_or_arrow_library(tmp_path: Pat
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "import producer.feeder, tokenfleet.submit, tokenfleet.export, workers.generate\n"
+        "import producer.feeder, tokenfleet.submit, tokenfleet.export, workers.runner\n"
         "from producer.source import RecordReader, SourceOptions, iter_source\n"
         f"items = list(iter_source(Path({str(src)!r}), reader=RecordReader(SourceOptions())))\n"
         "assert len(items) == 3, items\n"

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from budget.servers import ServerLedger, ServerOutcome
+from budget.server_board import ServerLedger, ServerOutcome
 from tokenfleet.sim import SimConfig, SimServerThread
-from workers.servers import WAIT_MAX_S, ServerPicker, caps_for
+from workers.server_picker import WAIT_MAX_S, ServerPicker, caps_for
 from workers.sglang.client import ServerUnavailable
 
 pytestmark = pytest.mark.integration

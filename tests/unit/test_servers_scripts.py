@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from budget.keys import SERVERS_SEEN_ZSET, server_keys
-from budget.servers import RATE_WINDOW_S, ServerLedger, ServerOutcome
+from budget.server_board import RATE_WINDOW_S, ServerLedger, ServerOutcome
 
 pytestmark = pytest.mark.integration
 

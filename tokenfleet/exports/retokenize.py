@@ -25,7 +25,7 @@ __all__ = ["ChatRenderer", "Mismatch", "check_row", "content_ids"]
 
 
 class ChatRenderer(Protocol):
-    """What the check needs of the dataset's tokenizer (`producer.chat.ChatTokenizer` has it)."""
+    """What the check needs of the dataset's tokenizer (`chat.templates.ChatTokenizer` has it)."""
 
     def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str: ...
 

@@ -25,7 +25,7 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from budget.location import redact_url
+from budget.urls import redact_url
 from workers.sglang import protocol
 from workers.sglang.auth import NO_AUTH, ServerAuth
 from workers.sglang.wire import Exchange, Wire, WireError, iter_lines, tls_context

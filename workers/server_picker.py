@@ -33,7 +33,7 @@ import httpx
 import redis
 
 from budget import LedgerError
-from budget.servers import ServerLedger, ServerOutcome
+from budget.server_board import ServerLedger, ServerOutcome
 from workers.sglang.client import ServerStalled
 from workers.sglang.protocol import HEALTH_PATH
 from workers.sglang.wire import tls_context

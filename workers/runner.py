@@ -19,13 +19,13 @@ from typing import Any
 
 from budget import Admission, GiveUpOutcome, Ledger, Progress, defaults
 from budget.ledger import DatasetState
-from budget.location import redact_url
 from budget.spec import DatasetSpec
+from budget.urls import redact_url
 from workers.conversation import Conversation, record_fields
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard
 from workers.rids import new_rid
-from workers.servers import PROBE_TIMEOUT_S, ServerPicker, SlotWaitCancelled
+from workers.server_picker import PROBE_TIMEOUT_S, ServerPicker, SlotWaitCancelled
 from workers.sglang.auth import MissingKey, server_auth
 from workers.sglang.client import (
     Generation,

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from budget import DatasetSnapshot
 from budget.defaults import STREAM_INTERVAL
-from budget.servers import ServerStatus
+from budget.server_board import ServerStatus
 from tokenfleet.config import redact_url
 
 #: The first fields of each dataset in ``status --json``, in order (the interface later checks drive).
