@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
-from tests.integration.ledger_helpers import (
+from tests.support.ledger import (
     DS,
     EXPIRE_S,
     SHORT_MS,

@@ -19,7 +19,7 @@ from budget import Admission, CommitOutcome, DatasetState, Ledger
 from budget.keys import WORKERS_HASH
 from budget.ledger import RATE_WINDOW_S, WORKER_SEEN_WITHIN_S
 from producer.source import Sample
-from tests.integration.ledger_helpers import (
+from tests.support.ledger import (
     DS,
     EXPIRE_S,
     SHORT_MS,

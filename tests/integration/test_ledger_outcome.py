@@ -11,17 +11,7 @@ import pytest
 import redis
 
 from budget import CommitOutcome, DatasetState, Ledger, Progress
-from tests.integration.ledger_helpers import (
-    DS,
-    EXPIRE_S,
-    SHORT_MS,
-    commit_new,
-    lease,
-    make,
-    owner,
-    pending,
-    progress,
-)
+from tests.support.ledger import DS, EXPIRE_S, SHORT_MS, commit_new, lease, make, owner, pending, progress
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from budget.ledger import (
     ENQUEUE_SKIP,
     ENQUEUE_WINDOW_FULL,
 )
-from tests.integration.ledger_helpers import DS, commit_new, make, progress, queued
+from tests.support.ledger import DS, commit_new, make, progress, queued
 
 pytestmark = pytest.mark.integration
 

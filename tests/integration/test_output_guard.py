@@ -10,7 +10,7 @@ import pytest
 
 from budget import Ledger
 from budget.storage import STORAGE_MARKER, ensure_storage_marker
-from tests.integration.ledger_helpers import DS, make
+from tests.support.ledger import DS, make
 from workers.output_guard import OutputGuard
 from workers.sink import OutputSink, OutputUnwritable
 

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.integration.conftest import self_signed_certificate
+from tests.support.fleet import self_signed_certificate
 from tokenfleet.processes import free_port
 from workers.sglang import client as client_module
 from workers.sglang import wire as wire_module
