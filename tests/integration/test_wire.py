@@ -25,6 +25,8 @@ from workers.sglang import wire as wire_module
 from workers.sglang.client import ServerUnavailable, SGLangClient
 from workers.sglang.wire import Wire, WireError
 
+pytestmark = pytest.mark.integration
+
 
 @dataclass
 class Seen:

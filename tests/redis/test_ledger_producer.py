@@ -15,7 +15,7 @@ from budget.ledger import (
 )
 from tests.support.ledger import DS, commit_new, make, progress, queued
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 PUB, SKIP, FULL = ENQUEUE_PUBLISH, ENQUEUE_SKIP, ENQUEUE_WINDOW_FULL
 

@@ -24,7 +24,7 @@ from tests.support.ledger import (
     progress,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 
 # --- admit ------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import redis
 from budget import CommitOutcome, DatasetState, Ledger, Progress
 from tests.support.ledger import DS, EXPIRE_S, SHORT_MS, commit_new, lease, make, owner, pending, progress
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 
 # --- commit -----------------------------------------------------------------------------------------

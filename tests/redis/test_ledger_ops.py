@@ -34,7 +34,7 @@ from tests.support.ledger import (
 from tokenfleet.publish import TaskPublisher
 from workers.messages import QUEUE_NAME
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 OTHER = "ds2"  # a name DS is a prefix of: matching must be exact
 OLD_MS = 300_000  # how far back "old" queued entries are dated

@@ -26,7 +26,7 @@ from budget import (
 from budget.keys import DATASETS_SET, dataset_keys
 from tests.support.ledger import DS, SPEC, commit_new, make
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 
 # --- register ---------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The tests' helpers have one home: no file under ``tests/`` imports from a conftest or from a test module
-(helpers live in ``tests/support/``, fixtures in the conftest files), and the support package holds no
-fixtures. Read from the files' imports, so it cannot regress unnoticed."""
+"""The tests' layout, read from their sources so it cannot regress unnoticed: helpers have one home (no file
+under ``tests/`` imports from a conftest or from a test module; ``tests/support/`` holds no fixtures), and
+folder names say what a test needs: ``unit`` nothing (no Redis fixture), ``redis`` a real Redis (marker
+``redis``), ``integration`` worker processes, the simulator over HTTP, a fleet (marker ``integration``)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,40 @@ def test_the_support_package_defines_no_fixtures() -> None:
         path.name for path in sorted((TESTS / "support").glob("*.py")) if "pytest.fixture" in path.read_text()
     ]
     assert with_fixtures == []
+
+
+#: Fixtures (tests/conftest.py, tests/integration/conftest.py) that need a real Redis or a fleet.
+REDIS_OR_FLEET_FIXTURES = {"redis_url", "redis_client", "ledger", "fleet_redis_url", "fleet_ledger"}
+REDIS_OR_FLEET_FIXTURES |= {"workers", "sim_factory", "private_fleet"}
+
+
+def module_marker(source: str) -> str | None:
+    """The ``pytest.mark.NAME`` a module's ``pytestmark = ...`` sets."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            return ast.unparse(node.value).removeprefix("pytest.mark.")
+    return None
+
+
+def test_every_module_in_redis_and_integration_carries_its_folders_marker() -> None:
+    wrong = {
+        str(path.relative_to(TESTS)): marker
+        for folder, wanted in (("redis", "redis"), ("integration", "integration"))
+        for path in sorted((TESTS / folder).glob("test_*.py"))
+        if (marker := module_marker(path.read_text())) != wanted
+    }
+    assert len(list((TESTS / "redis").glob("test_*.py"))) >= 9
+    assert wrong == {}
+
+
+def test_no_unit_test_asks_for_redis_or_a_fleet() -> None:
+    asking = {}
+    for path in sorted((TESTS / "unit").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                wanted = {a.arg for a in node.args.args} & REDIS_OR_FLEET_FIXTURES
+                if wanted:
+                    asking[f"{path.name}::{node.name}"] = sorted(wanted)
+    assert asking == {}
