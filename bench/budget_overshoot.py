@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import bench_redis, machine, median, print_table, sim_process, sim_stats, worker_processes
 from budget import Ledger
-from tests.integration.conftest import write_config
+from tests.support.files import write_config
 from tokenfleet.config import load_config
 from tokenfleet.submit import run_submit
 from workers.rids import dataset_tag

@@ -38,7 +38,7 @@ from bench._common import (
     worker_processes,
 )
 from budget import Ledger
-from tests.integration.conftest import write_config
+from tests.support.files import write_config
 from tokenfleet.config import load_config
 from tokenfleet.submit import run_submit
 

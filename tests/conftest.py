@@ -1,21 +1,20 @@
-"""Shared fixtures: a real Redis, flushed before each test that asks for it.
+"""Shared fixtures: a real Redis, flushed before each test that asks for it, and the fleet's Redis database,
+flushed once per session (``tests/support/env.py`` says where each is); the one tokenizer the tests build.
 
-Redis is the one on ``TOKENFLEET_TEST_REDIS_URL`` (default db 15 of 127.0.0.1:6379). When none answers the
-tests that need it are skipped locally but fail in CI (``CI=true``), where ``.ci/run`` starts one.
+When no Redis answers the tests that need it are skipped locally but fail in CI (``CI=true``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from budget import Ledger
-
-TEST_REDIS_URL = os.environ.get("TOKENFLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from tests.support.env import FLEET_REDIS_URL, IN_CI, TEST_REDIS_URL
+from tests.support.tokenizer import make_chat_tokenizer
 
 
 @pytest.fixture
@@ -41,3 +40,32 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture
 def ledger(redis_client: redis.Redis) -> Ledger:
     return Ledger(redis_client)
+
+
+@pytest.fixture(scope="session")
+def fleet_redis_url() -> str:
+    """The fleet's database: worker processes and the Celery queue's routing keys live there for the whole
+    session, so tests keep apart by unique dataset names instead of flushing."""
+    client = redis.Redis.from_url(FLEET_REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError as e:
+        if IN_CI:
+            raise
+        pytest.skip(f"no Redis at {FLEET_REDIS_URL}: {e}")
+    client.flushdb()
+    client.close()
+    return FLEET_REDIS_URL
+
+
+@pytest.fixture
+def fleet_ledger(fleet_redis_url: str) -> Iterator[Ledger]:
+    ledger = Ledger.from_url(fleet_redis_url)
+    yield ledger
+    ledger.client.close()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local tokenizer folder with a ChatML template (``tests/support/tokenizer.py``), built once."""
+    return make_chat_tokenizer(tmp_path_factory.mktemp("tokenizer") / "chatml")

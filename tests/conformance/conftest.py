@@ -1,7 +1,8 @@
 """Fixtures of the conformance suite: the real SGLang server (``real_server.py``), worker processes sized to
 keep more requests in flight than the server runs, and cleanup of every dataset a test made.
 
-The fleet's Redis is the integration suite's (``TOKENFLEET_TEST_FLEET_REDIS_URL``): its fixtures are reused.
+The fleet's Redis is the integration suite's (``TOKENFLEET_TEST_FLEET_REDIS_URL``): its fixtures
+(``fleet_redis_url``, ``fleet_ledger`` in ``tests/conftest.py``) are reused.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ import pytest
 from budget import Ledger
 from tests.conformance.helpers import ADMIN_KEY_ENV, API_KEY_ENV, ServerKeys, Workers
 from tests.conformance.real_server import RealServer, default_port, default_root
-from tests.integration.conftest import WORKER_ENV, fleet_ledger, fleet_redis_url
+from tests.support.env import WORKER_ENV
 from tokenfleet.cli import main
 from tokenfleet.processes import start_worker, stop_process, wait_for_workers
-
-__all__ = ["fleet_ledger", "fleet_redis_url"]
 
 WORKER_PROCESSES = 2
 #: Threads per worker process: 128 generations fleet-wide, more than any test's max_inflight_per_server.

@@ -16,7 +16,7 @@ import orjson
 
 from budget import Ledger
 from tests.conformance.real_server import VOCAB_SIZE, RequestRecord
-from tests.integration.conftest import read_jsonl, toml_value, write_jsonl
+from tests.support.files import read_jsonl, toml_value, write_jsonl
 from tokenfleet.export import export_dataset
 
 #: Where workers and submit find the ``--api-key`` server's keys (``[server] api_key_env``).

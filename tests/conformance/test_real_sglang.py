@@ -23,7 +23,7 @@ from tests.conformance.helpers import (
     write_fleet_config,
 )
 from tests.conformance.real_server import MAX_RUNNING_REQUESTS, QUEUED_GAUGE, VOCAB_SIZE, RealServer
-from tests.integration.conftest import read_jsonl
+from tests.support.files import read_jsonl
 from tokenfleet.cli import main
 from workers.rids import dataset_tag
 

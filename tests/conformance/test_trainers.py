@@ -21,7 +21,7 @@ import pytest
 from budget import Ledger
 from tests.conformance.helpers import Submit, Workers
 from tests.conformance.real_server import RealServer
-from tests.integration.conftest import read_jsonl, toml_value, write_jsonl
+from tests.support.files import read_jsonl, toml_value, write_jsonl
 from tokenfleet.export import ExportReport, export_dataset
 from tokenfleet.exports.retokenize import content_ids
 

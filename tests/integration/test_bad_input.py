@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import Sim, read_jsonl, unique, write_config
-from tests.integration.test_fleet_run import export
+from tests.support.files import read_jsonl, unique, write_config
+from tests.support.fleet import Sim, export
 from tokenfleet.cli import main
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import redis
 
 from budget import DatasetLimits, Ledger
 from producer.source import Sample
-from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
-from tests.integration.test_fleet_run import export, token_rows
+from tests.support.files import unique, write_config
+from tests.support.fleet import BackgroundSubmit, Sim, export, token_rows, wait_until
 from tokenfleet import control
 from tokenfleet.cli import main
 from tokenfleet.publish import TaskPublisher

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import read_jsonl
+from tests.support.files import read_jsonl
 from tokenfleet.processes import free_port, redis_answers
 
 pytestmark = pytest.mark.integration

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import Sim, read_jsonl, unique, write_config, write_jsonl
-from tests.unit.test_chat import EOS_ID, make_chat_tokenizer, reference_ids, vocab_size
+from tests.support.files import read_jsonl, unique, write_config, write_jsonl
+from tests.support.fleet import Sim, submit
+from tests.support.tokenizer import EOS_ID, reference_ids, vocab_size
 from tokenfleet.cli import main
 from tokenfleet.export import export_dataset
 
@@ -47,11 +48,6 @@ def sharegpt(turns: list[dict[str, str]]) -> list[dict[str, str]]:
     return [{"from": names[t["role"]], "value": t["content"]} for t in turns]
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_chat_tokenizer(tmp_path_factory.mktemp("eagle-tok") / "chatml")
-
-
 @pytest.fixture
 def chat_sim(sim_factory: Callable[..., Sim]) -> Sim:
     # Replies drawn from the tokenizer's vocabulary, ending with its EOS (<|im_end|>).
@@ -65,10 +61,6 @@ def decode_reply(tokenizer_dir: Path, output_ids: list[int]) -> str:
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     ids = output_ids[:-1] if output_ids and output_ids[-1] == EOS_ID else output_ids
     return str(tok.decode(ids, skip_special_tokens=True))
-
-
-def submit(config: Path, *extra: str) -> int:
-    return main(["submit", str(config), *extra])
 
 
 def export(ledger: Ledger, name: str, tmp_path: Path, fmt: str = "tokens", **kw: Any) -> list[dict[str, Any]]:

@@ -14,17 +14,17 @@ from rich.console import Console
 
 from budget import DatasetLimits, Ledger
 from producer.source import Sample
-from tests.integration.conftest import (
+from tests.support.files import read_jsonl, unique, write_config
+from tests.support.fleet import (
     BackgroundSubmit,
     PrivateFleet,
     Sim,
-    read_jsonl,
+    export,
     submit_process,
-    unique,
+    text_rows,
+    token_rows,
     wait_until,
-    write_config,
 )
-from tests.integration.test_fleet_run import export, text_rows, token_rows
 from tokenfleet.cli import main
 from tokenfleet.config import load_config
 from tokenfleet.export import export_dataset

@@ -14,17 +14,8 @@ import pytest
 
 from budget import Ledger
 from budget.storage import EPOCH_MARKER, STORAGE_MARKER, check_same_storage, read_marker
-from tests.integration.conftest import (
-    PrivateFleet,
-    Sim,
-    read_jsonl,
-    submit_process,
-    unique,
-    wait_until,
-    write_config,
-    write_jsonl,
-)
-from tests.integration.test_fleet_run import export, token_rows
+from tests.support.files import read_jsonl, unique, write_config, write_jsonl
+from tests.support.fleet import PrivateFleet, Sim, export, submit_process, token_rows, wait_until
 from tokenfleet.cli import EXIT_USAGE, main
 from tokenfleet.processes import free_port, start_redis
 

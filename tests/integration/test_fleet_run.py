@@ -11,36 +11,12 @@ from typing import Any
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import Sim, read_jsonl, submit_process, unique, write_config
-from tokenfleet.cli import main
-from tokenfleet.export import export_dataset
+from tests.support.files import read_jsonl, unique, write_config
+from tests.support.fleet import Sim, export, submit, submit_process, text_rows, token_rows
 
 pytestmark = pytest.mark.integration
 
 SETTLE_TIMEOUT_S = 60
-
-
-def submit(config: Path, *extra: str) -> int:
-    return main(["submit", str(config), *extra])
-
-
-def text_rows(n: int, prefix: str = "prompt") -> list[dict[str, Any]]:
-    return [
-        {"id": f"{prefix}-{i}", "text": f"{prefix} number {i}: explain something", "topic": i % 3}
-        for i in range(n)
-    ]
-
-
-def token_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    return [
-        {"input_ids": [3 + (seed * 7919 + i * 31 + j) % 30000 for j in range(8 + i % 5)]} for i in range(n)
-    ]
-
-
-def export(ledger: Ledger, name: str, tmp_path: Path) -> list[dict[str, Any]]:
-    report = export_dataset(ledger, name, tmp_path / "exports" / f"{name}.jsonl")
-    assert report.missing == 0
-    return read_jsonl(report.path)
 
 
 def wait_quiet(ledger: Ledger, name: str, timeout_s: float = SETTLE_TIMEOUT_S) -> None:

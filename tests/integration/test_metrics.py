@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from budget import DatasetLimits, Ledger
-from tests.conftest import TEST_REDIS_URL
+from tests.support.env import TEST_REDIS_URL
 from tokenfleet.metrics import GAUGES, STATES, build_collector
 from tokenfleet.processes import free_port
 

@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from budget import Ledger
-from tests.conftest import IN_CI
-from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
-from tests.integration.test_fleet_run import export, text_rows
+from tests.support.env import IN_CI
+from tests.support.files import unique, write_config
+from tests.support.fleet import BackgroundSubmit, Sim, export, text_rows, wait_until
 
 pytestmark = pytest.mark.integration
 

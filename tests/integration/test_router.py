@@ -1,16 +1,15 @@
 """The fleet behind a real ``sglang-router`` (PyPI) in front of two simulators.
 
 The router loads a tokenizer for the model its workers serve; it gets a local folder this test builds
-(``tokenizers``, saved as a PreTrainedTokenizerFast folder), named by ``--tokenizer-path`` and by the
-simulators' ``/model_info``, so it never tries to download one. The router does not proxy
-``/abort_request`` (``shared/reference/sglang-http.md``): a stopped generation ends when the worker closes
-its stream and the router drops the engine request.
+(``tests/support/tokenizer.py``: ``tokenizers``, saved as a PreTrainedTokenizerFast folder), named by
+``--tokenizer-path`` and by the simulators' ``/model_info``, so it never tries to download one. The router
+does not proxy ``/abort_request`` (``shared/reference/sglang-http.md``): a stopped generation ends when the
+worker closes its stream and the router drops the engine request.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import subprocess
 import sys
 import time
@@ -24,10 +23,9 @@ import pytest
 
 from budget import Ledger
 from budget.server_board import ServerLedger
-from tests.conftest import IN_CI
-from tests.integration.conftest import Sim, unique, write_config
-from tests.integration.test_fleet_run import export, token_rows
-from tokenfleet.cli import main
+from tests.support.env import IN_CI
+from tests.support.files import unique, write_config
+from tests.support.fleet import Sim, export, submit, token_rows
 from tokenfleet.processes import free_port
 from workers.rids import dataset_tag
 
@@ -42,31 +40,6 @@ for _module in ("sglang_router", "tokenizers"):
         pytest.skip(f"{_module} is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
 ROUTER_START_S = 30.0
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A local tokenizer folder: tokenizer.json and tokenizer_config.json, loadable as
-    ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    folder = tmp_path_factory.mktemp("tokenizer")
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
-    vocab |= {f"w{i}": len(SPECIAL_TOKENS) + i for i in range(1000)}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "pad_token": "<pad>",
-        "model_max_length": 8192,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
 
 
 @dataclass
@@ -140,12 +113,6 @@ def wait_for_router(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise AssertionError(f"the router did not come up: {log.read_text()[-2000:]}")
 
 
-def submit(config: Path, *extra: str) -> int:
-    # The server check works behind the router: it answers /get_server_info (not /server_info) and
-    # proxies the one-token probe (one request more on one of the servers).
-    return main(["submit", str(config), *extra])
-
-
 def test_a_full_fleet_run_through_the_router_exports_every_sample_with_the_exact_tokens(
     workers: Any,
     fleet_redis_url: str,
@@ -166,6 +133,8 @@ def test_a_full_fleet_run_through_the_router_exports_every_sample_with_the_exact
     )
     model_info = httpx.get(f"{front.sims[0].url}/model_info", timeout=5).json()
 
+    # The server check works behind the router: it answers /get_server_info (not /server_info) and
+    # proxies the one-token probe (one request more on one of the servers).
     assert submit(config) == 0
 
     snap = fleet_ledger.snapshot(name)

@@ -20,9 +20,9 @@ import pytest
 from budget import Ledger, UnknownDataset
 from budget.keys import server_keys
 from budget.server_board import ServerLedger
-from tests.integration.conftest import WORKER_ENV, Sim, unique, write_config
-from tests.integration.test_fleet_run import export, token_rows
-from tokenfleet.cli import main
+from tests.support.env import WORKER_ENV
+from tests.support.files import unique, write_config
+from tests.support.fleet import BackgroundSubmit, Sim, export, submit, token_rows
 from tokenfleet.processes import embedded_redis, free_port, start_worker, stop_process, wait_for_workers
 
 pytestmark = pytest.mark.integration
@@ -64,25 +64,6 @@ def configure(
 
 #: Quick retries, so a failover test does not wait out the default backoff.
 FAST_RETRY = "\n[retry]\nmax_attempts = 5\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.2\n"
-
-
-def submit(config: Path) -> int:
-    return main(["submit", str(config), "--no-server-check"])
-
-
-class BackgroundSubmit:
-    def __init__(self, config: Path) -> None:
-        self.code: int | None = None
-        self.thread = threading.Thread(target=self._run, args=(config,), daemon=True)
-        self.thread.start()
-
-    def _run(self, config: Path) -> None:
-        self.code = submit(config)
-
-    def wait(self, timeout_s: float = WAIT_S) -> int:
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive() and self.code is not None, "submit did not settle"
-        return self.code
 
 
 class Sampler:
@@ -171,7 +152,7 @@ def test_generations_go_to_the_server_with_the_fewest_in_flight_so_faster_server
     )
 
     with Sampler(sims) as sampler:
-        assert submit(config) == 0
+        assert submit(config, "--no-server-check") == 0
 
     assert len(export(fleet_ledger, name, tmp_path)) == 240
     requests = [s.stats()["requests"] for s in sims]
@@ -214,7 +195,7 @@ def test_the_cap_on_a_server_holds_fleet_wide_across_two_worker_processes(
     )
 
     with Sampler([sim], board, every_s=0.002) as sampler:
-        assert submit(config) == 0
+        assert submit(config, "--no-server-check") == 0
 
     assert len(export(fleet_ledger, name, tmp_path)) == 80
     running = sampler.running(0)
@@ -307,7 +288,7 @@ def test_a_stopped_server_is_marked_down_its_work_finishes_on_the_other_and_it_i
     wait_until(lambda: samples_done(fleet_ledger, first) >= 30, "30 samples done")
     in_flight_at_stop = flaky.stats()["running"]
     flaky.server.stop()
-    assert run.wait() == 0
+    assert run.wait(WAIT_S) == 0
 
     snap = fleet_ledger.snapshot(first)
     records = export(fleet_ledger, first, tmp_path)
@@ -328,7 +309,7 @@ def test_a_stopped_server_is_marked_down_its_work_finishes_on_the_other_and_it_i
         [{"name": second, "rows": token_rows(60, seed=12)}],
         retry=FAST_RETRY,
     )
-    assert submit(config) == 0
+    assert submit(config, "--no-server-check") == 0
 
     print(f"marked up {back_s:.1f} s after it came back; it then served {back.stats()['requests']} of 60")
     assert len(export(fleet_ledger, second, tmp_path)) == 60

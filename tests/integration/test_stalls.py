@@ -12,8 +12,8 @@ import pytest
 
 from budget import Ledger
 from budget.server_board import ServerLedger, ServerStatus
-from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
-from tests.integration.test_fleet_run import export, text_rows
+from tests.support.files import unique, write_config
+from tests.support.fleet import BackgroundSubmit, Sim, export, text_rows, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import BackgroundSubmit, Sim, unique, wait_until, write_config
-from tests.integration.test_fleet_run import token_rows
+from tests.support.files import unique, write_config
+from tests.support.fleet import BackgroundSubmit, Sim, token_rows, wait_until
 from tokenfleet.cli import main
 from workers.version import full_version
 

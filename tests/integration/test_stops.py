@@ -20,15 +20,8 @@ import pytest
 
 from budget import Ledger
 from budget.server_board import ServerLedger
-from tests.integration.conftest import (
-    BackgroundSubmit,
-    Sim,
-    read_jsonl,
-    unique,
-    wait_until,
-    write_config,
-)
-from tests.integration.test_fleet_run import export, token_rows
+from tests.support.files import read_jsonl, unique, write_config
+from tests.support.fleet import BackgroundSubmit, Sim, export, token_rows, wait_until
 from tokenfleet.cli import main
 from workers.rids import dataset_tag
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import Sim, unique, write_config
+from tests.support.files import unique, write_config
+from tests.support.fleet import Sim
 from tokenfleet.cli import EXIT_USAGE, main
 
 pytestmark = pytest.mark.integration

@@ -16,17 +16,16 @@ import orjson
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import (
+from tests.support.files import read_jsonl, unique, write_config
+from tests.support.fleet import (
     BackgroundSubmit,
     PrivateFleet,
     Sim,
-    read_jsonl,
+    export,
     submit_process,
-    unique,
+    token_rows,
     wait_until,
-    write_config,
 )
-from tests.integration.test_fleet_run import export, token_rows
 from tokenfleet.cli import EXIT_UNSETTLED, main
 
 pytestmark = pytest.mark.integration

@@ -12,14 +12,9 @@ from typing import Any
 import pytest
 
 from budget import Ledger
-from tests.integration.conftest import (
-    WORKER_ENV,
-    Sim,
-    read_jsonl,
-    self_signed_certificate,
-    unique,
-    write_config,
-)
+from tests.support.env import WORKER_ENV
+from tests.support.files import read_jsonl, unique, write_config
+from tests.support.fleet import Sim, self_signed_certificate
 from tokenfleet.cli import main
 from tokenfleet.export import export_dataset
 from tokenfleet.processes import free_port, redis_answers, start_worker, stop_process, wait_for_workers

@@ -18,12 +18,14 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.integration.conftest import self_signed_certificate
+from tests.support.fleet import self_signed_certificate
 from tokenfleet.processes import free_port
 from workers.sglang import client as client_module
 from workers.sglang import wire as wire_module
 from workers.sglang.client import ServerUnavailable, SGLangClient
 from workers.sglang.wire import Wire, WireError
+
+pytestmark = pytest.mark.integration
 
 
 @dataclass

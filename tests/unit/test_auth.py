@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import write_config
+from tests.support.files import write_config
 from tokenfleet.config import ConfigError, load_config
 from workers.sglang.auth import KeyRef, MissingKey, ServerAuth, read_key, server_auth
 

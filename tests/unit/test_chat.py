@@ -1,11 +1,5 @@
-"""Chat records to exact prompt tokens with a real tokenizer the test builds itself (no hub access).
-
-`make_chat_tokenizer` is also used by the EAGLE integration tests: a word-level ``tokenizers`` model saved
-as a ``PreTrainedTokenizerFast`` folder with a ChatML template. Its special tokens take ids 0-2 (``<unk>``,
-``<|im_start|>``, and ``<|im_end|>`` = 2 as EOS), like the simulator's defaults, and every other id
-decodes to one word that encodes back to the same id, so the replies the simulator draws survive a
-decode / re-template round trip.
-"""
+"""Chat records to exact prompt tokens with a real tokenizer the test builds itself (no hub access):
+``tests/support/tokenizer.py``, whose every id decodes to one word that encodes back to the same id."""
 
 from __future__ import annotations
 
@@ -22,64 +16,12 @@ from producer.source import (
     Sample,
     SourceOptions,
 )
-
-SPECIAL_TOKENS = ["<unk>", "<|im_start|>", "<|im_end|>"]
-EOS_ID = 2
-#: Words of the test prompts, then filler words: the simulator draws replies from all of them.
-PROMPT_WORDS = (
-    "system user assistant you are a helpful terse bot what is two plus three and four tell me more"
-)
-WORDS = [*PROMPT_WORDS.split(), "why", "say", "hello", "again", *(f"w{i}" for i in range(200))]
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def make_chat_tokenizer(folder: Path, chat_template: str | None = CHATML) -> Path:
-    """Save a small real tokenizer with a chat template to ``folder``; returns the folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(WORDS)))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.add_special_tokens(SPECIAL_TOKENS)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<unk>",
-        unk_token="<unk>",
-        clean_up_tokenization_spaces=False,
-    )
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    tokenizer.save_pretrained(str(folder))
-    return folder
-
-
-def vocab_size() -> int:
-    return len(SPECIAL_TOKENS) + len(dict.fromkeys(WORDS))
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_chat_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
+from tests.support.tokenizer import CHATML, EOS_ID, make_chat_tokenizer, reference_ids
 
 
 @pytest.fixture(scope="module")
 def chat(tokenizer_dir: Path) -> ChatTokenizer:
     return load_chat_tokenizer(str(tokenizer_dir))
-
-
-def reference_ids(tokenizer_dir: Path, messages: list[dict[str, str]]) -> list[int]:
-    """The prompt as transformers renders it, computed without tokenfleet."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids: list[int] = tok(text, add_special_tokens=False)["input_ids"]
-    return ids
 
 
 def reader(tokenizer_dir: Path | None, **options: Any) -> RecordReader:

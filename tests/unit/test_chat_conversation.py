@@ -14,7 +14,7 @@ import pytest
 from budget.spec import DatasetSpec
 from chat.templates import load_chat_tokenizer
 from producer.source import RecordReader, Sample, SourceOptions
-from tests.unit.test_chat import CHATML, EOS_ID, make_chat_tokenizer, reference_ids
+from tests.support.tokenizer import CHATML, EOS_ID, make_chat_tokenizer, reference_ids
 from workers.conversation import Conversation, ConversationError, ConversationGeneration, record_fields
 from workers.sglang.client import Generation, RequestRejected, ServerUnavailable
 
@@ -77,11 +77,6 @@ class ScriptedClient:
 
 def spec_of(tokenizer_dir: Path) -> DatasetSpec:
     return DatasetSpec(servers=(), output_dir="", tokenizer=str(tokenizer_dir))
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_chat_tokenizer(tmp_path_factory.mktemp("tok") / "chatml")
 
 
 def sample_of(tokenizer_dir: Path, turns: list[dict[str, str]] = TURNS) -> dict[str, Any]:

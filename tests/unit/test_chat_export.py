@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import pytest
 
-from budget import Ledger
+from tests.support.exports import stub_ledger, write_part
 from tokenfleet.export import ExportError, export_dataset, loss_mask, reply_conversation
 
 REPLY = {"role": "assistant", "content": None}
@@ -68,28 +68,6 @@ def test_every_reply_of_a_conversation_comes_from_its_turns() -> None:
 
 def test_a_record_without_a_conversation_has_nothing_to_write() -> None:
     assert reply_conversation({"input_ids": [1], "output_ids": [2]}, decode) is None
-
-
-class StubLedger:
-    """What export reads from the ledger: the spec and the attempt that counted for each sample."""
-
-    def __init__(self, spec: dict[str, Any], done: dict[str, str]) -> None:
-        self._spec, self._done = spec, done
-
-    def spec(self, name: str) -> dict[str, Any]:
-        return self._spec
-
-    def done_attempts(self, name: str) -> dict[str, str]:
-        return dict(self._done)
-
-
-def stub_ledger(spec: dict[str, Any], done: dict[str, str]) -> Ledger:
-    return cast(Ledger, StubLedger(spec, done))
-
-
-def write_part(folder: Path, records: list[dict[str, Any]]) -> None:
-    folder.mkdir(parents=True)
-    (folder / "part-host-1.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
 
 
 def test_specforge_rows_leave_out_truncated_and_pre_tokenized_samples_and_count_them(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
-from tests.unit.test_chat import make_chat_tokenizer
-from tests.unit.test_chat_export import stub_ledger, write_part
+from tests.support.exports import stub_ledger, write_part
+from tests.support.tokenizer import make_chat_tokenizer
 from tokenfleet.export import export_dataset, with_system_turn
 from tokenfleet.exports.retokenize import Mismatch, Reply, check_row, content_ids, replies_of
 from tokenfleet.exports.token_rows import specforge_tokens_row, speculators_rows

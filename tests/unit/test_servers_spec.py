@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import write_config
+from tests.support.files import write_config
 from tokenfleet.config import ConfigError, load_config
 from tokenfleet.sim import SimConfig, SimServerThread
 from tokenfleet.submit import dataset_spec

@@ -13,9 +13,9 @@ from budget.ledger import (
     ENQUEUE_SKIP,
     ENQUEUE_WINDOW_FULL,
 )
-from tests.integration.ledger_helpers import DS, commit_new, make, progress, queued
+from tests.support.ledger import DS, commit_new, make, progress, queued
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 PUB, SKIP, FULL = ENQUEUE_PUBLISH, ENQUEUE_SKIP, ENQUEUE_WINDOW_FULL
 

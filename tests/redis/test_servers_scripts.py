@@ -14,7 +14,7 @@ import redis
 from budget.keys import SERVERS_SEEN_ZSET, server_keys
 from budget.server_board import RATE_WINDOW_S, ServerLedger, ServerOutcome
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 A, B, C = "http://a:30000", "http://b:30000", "http://c:30000"
 LEASE_MS = 60_000

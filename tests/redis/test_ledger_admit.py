@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
-from tests.integration.ledger_helpers import (
+from tests.support.ledger import (
     DS,
     EXPIRE_S,
     SHORT_MS,
@@ -24,7 +24,7 @@ from tests.integration.ledger_helpers import (
     progress,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 
 # --- admit ------------------------------------------------------------------------------------------

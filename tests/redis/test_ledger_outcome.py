@@ -11,19 +11,9 @@ import pytest
 import redis
 
 from budget import CommitOutcome, DatasetState, Ledger, Progress
-from tests.integration.ledger_helpers import (
-    DS,
-    EXPIRE_S,
-    SHORT_MS,
-    commit_new,
-    lease,
-    make,
-    owner,
-    pending,
-    progress,
-)
+from tests.support.ledger import DS, EXPIRE_S, SHORT_MS, commit_new, lease, make, owner, pending, progress
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 
 # --- commit -----------------------------------------------------------------------------------------

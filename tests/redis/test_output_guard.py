@@ -10,11 +10,11 @@ import pytest
 
 from budget import Ledger
 from budget.storage import STORAGE_MARKER, ensure_storage_marker
-from tests.integration.ledger_helpers import DS, make
+from tests.support.ledger import DS, make
 from workers.output_guard import OutputGuard
 from workers.sink import OutputSink, OutputUnwritable
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 
 def test_an_output_dir_without_submits_marker_blocks_the_dataset_until_it_is_the_right_storage(

@@ -19,7 +19,7 @@ from budget import Admission, CommitOutcome, DatasetState, Ledger
 from budget.keys import WORKERS_HASH
 from budget.ledger import RATE_WINDOW_S, WORKER_SEEN_WITHIN_S
 from producer.source import Sample
-from tests.integration.ledger_helpers import (
+from tests.support.ledger import (
     DS,
     EXPIRE_S,
     SHORT_MS,
@@ -34,7 +34,7 @@ from tests.integration.ledger_helpers import (
 from tokenfleet.publish import TaskPublisher
 from workers.messages import QUEUE_NAME
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 OTHER = "ds2"  # a name DS is a prefix of: matching must be exact
 OLD_MS = 300_000  # how far back "old" queued entries are dated

@@ -24,9 +24,9 @@ from budget import (
     UnknownDataset,
 )
 from budget.keys import DATASETS_SET, dataset_keys
-from tests.integration.ledger_helpers import DS, SPEC, commit_new, make
+from tests.support.ledger import DS, SPEC, commit_new, make
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 
 # --- register ---------------------------------------------------------------------------------------

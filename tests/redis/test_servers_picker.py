@@ -15,7 +15,7 @@ from tokenfleet.sim import SimConfig, SimServerThread
 from workers.server_picker import WAIT_MAX_S, ServerPicker, caps_for
 from workers.sglang.client import ServerUnavailable
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 A, B = "http://a:30000", "http://b:30000"
 LEASE_MS = 400

@@ -18,7 +18,7 @@ import redis
 
 from budget import Admission, CommitOutcome, DatasetLimits, DatasetState, Ledger, Progress
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.redis
 
 DS = "ds"
 THREADS = 8

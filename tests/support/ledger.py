@@ -1,4 +1,4 @@
-"""Helpers shared by the ledger script tests (tests/integration/test_ledger*.py)."""
+"""Helpers of the ledger script tests (tests/redis/test_ledger*.py)."""
 
 from __future__ import annotations
 
