@@ -16,6 +16,10 @@ STALL_TIMEOUT_S: Final = 60.0
 MAX_ATTEMPTS: Final = 5
 #: Tasks that may give up on a sample (retries exhausted) before it is failed for good.
 MAX_STRIKES: Final = 3
+#: A task gives up on a sample only once its attempts span at least this long: its last attempt waits
+#: for it. A server restarting for a few seconds then costs no strike, while a dead one still fails a
+#: sample after ``MAX_STRIKES`` tasks (each at least this long, with no more requests than the attempts).
+RETRY_MIN_SPAN_S: Final = 10.0
 #: Exponential backoff with full jitter between attempts: a random wait in [0, min(cap, base * 2**n)].
 BACKOFF_BASE_S: Final = 1.0
 BACKOFF_CAP_S: Final = 30.0

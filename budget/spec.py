@@ -34,6 +34,7 @@ class DatasetSpec:
         max_attempts: Attempts per task against retryable errors.
         max_strikes: Tasks that may give up on a sample before it fails for good.
         backoff_base_s, backoff_cap_s: Full-jitter exponential backoff between attempts.
+        retry_min_span_s: A task's last attempt comes no sooner than this after its first.
         tokenizer: The target model's tokenizer (local folder or cached model id), for conversations.
         regenerate: ``last`` or ``all`` replies of a chat record.
         auth: Per server URL, where each process finds its API keys (``{"api_key": {"env": NAME}}``);
@@ -54,6 +55,7 @@ class DatasetSpec:
     max_strikes: int = defaults.MAX_STRIKES
     backoff_base_s: float = defaults.BACKOFF_BASE_S
     backoff_cap_s: float = defaults.BACKOFF_CAP_S
+    retry_min_span_s: float = defaults.RETRY_MIN_SPAN_S
     tokenizer: str | None = None
     regenerate: str = defaults.REGENERATE
     auth: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

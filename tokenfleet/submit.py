@@ -123,6 +123,7 @@ def dataset_spec(
         max_attempts=cfg.retry.max_attempts,
         backoff_base_s=cfg.retry.backoff_base_s,
         backoff_cap_s=cfg.retry.backoff_cap_s,
+        retry_min_span_s=cfg.retry.min_span_s,
         tokenizer=ds.tokenizer,
         regenerate=ds.regenerate,
         auth=cfg.server.auth_refs(),

@@ -175,9 +175,13 @@ class SampleRunner:
         problem = out_of_vocabulary(a.sample.get("input_ids"), spec.vocab_size)
         if problem:  # the producer rejects such lines; this guards a server from one that got through
             return self._fail(a, problem, 0)
+        first_try_at = time.monotonic()
         for try_no in range(1, spec.max_attempts + 1):
             if try_no > 1:
-                self.sleep(backoff_s(try_no - 1, spec.backoff_base_s, spec.backoff_cap_s))
+                wait_s = backoff_s(try_no - 1, spec.backoff_base_s, spec.backoff_cap_s)
+                if try_no == spec.max_attempts:  # the last: no sooner than the minimum span (a restart)
+                    wait_s = max(wait_s, first_try_at + spec.retry_min_span_s - time.monotonic())
+                self.sleep(wait_s)
                 verdict, state = self._progress(a, 0)
                 if verdict is not Progress.CONTINUE or a.lease.lost.is_set():
                     kept = conversation.kept_tokens if conversation else 0

@@ -286,6 +286,8 @@ class RetryConfig(_Model):
     max_attempts: Annotated[int, Strict(), Field(ge=1, le=100)] = defaults.MAX_ATTEMPTS
     backoff_base_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = defaults.BACKOFF_BASE_S
     backoff_cap_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = defaults.BACKOFF_CAP_S
+    #: A task's last attempt comes no sooner than this after its first (a server restart costs no strike).
+    min_span_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = defaults.RETRY_MIN_SPAN_S
 
 
 #: ``fsync``: "always" flushes each record to disk before the ledger counts it (a host crash loses

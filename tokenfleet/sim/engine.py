@@ -512,6 +512,8 @@ class SimEngine:
         self._tokens_by_rid: dict[str, int] = {}  # retired requests only; running ones are added live
         #: Requests taken from the waiting queue into the running batch (prefilled), by rid prefix.
         self._started_by_prefix: dict[str, int] = {}
+        #: ``/generate`` requests received, by rid prefix.
+        self._requests_by_prefix: dict[str, int] = {}
         self._stats_prefix_len = 8
         self._work = asyncio.Event()
         self._stepped = asyncio.Event()
@@ -540,8 +542,12 @@ class SimEngine:
 
     # requests
 
-    def note_received(self) -> None:
+    def note_received(self, rid: object = None) -> None:
+        """A ``/generate`` arrived (``rid``: its rid, counted by prefix too when it is a string)."""
         self._counters.requests += 1
+        if isinstance(rid, str):
+            key = rid[: self._stats_prefix_len]
+            self._requests_by_prefix[key] = self._requests_by_prefix.get(key, 0) + 1
 
     def note_rejected(self) -> None:
         self._counters.rejected += 1
@@ -630,6 +636,7 @@ class SimEngine:
             "waiting": self.num_waiting,
             "by_prefix": by_prefix,
             "started_by_prefix": dict(self._started_by_prefix),
+            "requests_by_prefix": dict(self._requests_by_prefix),
         }
 
     @property
@@ -645,6 +652,7 @@ class SimEngine:
         self._counters = _Counters()
         self._tokens_by_rid.clear()
         self._started_by_prefix.clear()
+        self._requests_by_prefix.clear()
         self._fault_rng = random.Random(self.config.seed)
         for request in self._running.values():
             request.counted_from = request.produced

@@ -340,9 +340,15 @@ async def read_json(request: web.Request) -> Any:
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    engine.note_received()
     try:
-        parsed = parse_generate(await read_json(request), engine.config)
+        body = await read_json(request)
+    except BadRequest as exc:
+        engine.note_received(None)
+        engine.note_rejected()
+        return json_response(exc.body, status=400)
+    engine.note_received(body.get("rid") if isinstance(body, dict) else None)
+    try:
+        parsed = parse_generate(body, engine.config)
     except BadRequest as exc:
         engine.note_rejected()
         return json_response(exc.body, status=400)
