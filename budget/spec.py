@@ -85,6 +85,3 @@ class DatasetSpec:
 
     def auth_of(self, server: str) -> Mapping[str, Any] | None:
         return self.auth.get(server)
-
-    def cap_of(self, server: str) -> int | None:
-        return self.max_inflight_per_server.get(server)

@@ -90,11 +90,6 @@ class InflightRequests:
         with self._lock:
             return [r for requests in self._by_dataset.values() for r in requests]
 
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return sum(len(r) for r in self._by_dataset.values())
-
 
 class StopWatcher:
     """One per worker process: stops this process's requests of a dataset that must stop."""
