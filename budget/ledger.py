@@ -13,13 +13,14 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from budget import defaults
 from budget.errors import LedgerUnavailable, UnknownDataset
 from budget.keys import DATASETS_SET, STOPS_CHANNEL, WORKERS_HASH, DatasetKeys, dataset_keys
 from budget.scripts import dataset_script_keys, register_scripts
 
 #: How long a generation's lease lives without renewal. A worker renews it every few seconds; a killed
 #: worker's samples are reclaimed this long after its last renewal.
-DEFAULT_LEASE_MS: Final = 60_000
+DEFAULT_LEASE_MS: Final = int(defaults.LEASE_S * 1000)
 
 #: A sample queued this long whose message is no longer in the broker's queue is taken as lost. A live
 #: worker admits a message within moments of taking it (it prefetches no more than its threads), so a
@@ -122,7 +123,7 @@ class CommitOutcome(enum.StrEnum):
 class DatasetLimits:
     token_budget: int | None = None
     max_samples: int | None = None
-    on_budget: str = "truncate"
+    on_budget: str = defaults.ON_BUDGET
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,7 +472,7 @@ class Ledger:
         attempt: str,
         reason: str,
         wasted_tokens: int = 0,
-        max_strikes: int = 3,
+        max_strikes: int = defaults.MAX_STRIKES,
     ) -> GiveUpOutcome:
         """Retries ran out: the sample is pending again, or failed after ``max_strikes`` give-ups."""
         return GiveUpOutcome(
@@ -522,7 +523,7 @@ class Ledger:
             state=f["state"],
             token_budget=_optional_int(f.get("token_budget")),
             max_samples=_optional_int(f.get("max_samples")),
-            on_budget=f.get("on_budget") or "truncate",
+            on_budget=f.get("on_budget") or defaults.ON_BUDGET,
             tokens=n("tokens"),
             samples=n("samples"),
             truncated=n("truncated"),

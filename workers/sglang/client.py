@@ -25,6 +25,7 @@ from typing import Any, Final
 import httpx
 import orjson
 
+from budget import defaults
 from budget.urls import redact_url
 from workers.sglang import protocol
 from workers.sglang.auth import NO_AUTH, ServerAuth
@@ -333,7 +334,7 @@ class SGLangClient:
         sampling_params: dict[str, Any],
         input_ids: list[int] | None = None,
         text: str | None = None,
-        timeout_s: float = 1800.0,
+        timeout_s: float = defaults.TIMEOUT_S,
         on_tokens: OnTokens | None = None,
         stop: StopHandle | None = None,
         stall_timeout_s: float | None = None,
