@@ -416,11 +416,15 @@ class Ledger:
     def commit(
         self, name: str, sample_id: str, attempt: str, completion_tokens: int, truncated: bool = False
     ) -> CommitOutcome:
-        outcome, _state = self._call(
+        outcome, state = self._call(
             "commit",
             name,
             [sample_id, attempt, completion_tokens, int(truncated)],
         )
+        if outcome == CommitOutcome.COMMITTED and state == DatasetState.EXHAUSTED and completion_tokens:
+            # This commit may be what reached the budget (a stream's last chunk is counted here, not by
+            # progress): the dataset's other streams stop now, as when a chunk reaches it.
+            self.announce_stop(name)
         return CommitOutcome(outcome)
 
     @_translate_errors
