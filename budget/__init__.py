@@ -7,12 +7,14 @@ Every change goes through one of the Lua scripts in ``budget/lua`` (atomic); eve
 from budget.errors import LedgerError, LedgerUnavailable, UnknownDataset
 from budget.ledger import (
     Admission,
+    CommitItem,
     CommitOutcome,
     DatasetLimits,
     DatasetSnapshot,
     DatasetState,
     FailOutcome,
     GiveUpOutcome,
+    GroupAdmission,
     Ledger,
     Progress,
     ReleaseOutcome,
@@ -21,12 +23,14 @@ from budget.ledger import (
 
 __all__ = [
     "Admission",
+    "CommitItem",
     "CommitOutcome",
     "DatasetLimits",
     "DatasetSnapshot",
     "DatasetState",
     "FailOutcome",
     "GiveUpOutcome",
+    "GroupAdmission",
     "Ledger",
     "LedgerError",
     "LedgerUnavailable",

@@ -42,14 +42,19 @@ class DatasetKeys:
     lease_zset: str
     #: Hash sample id -> attempt id holding the lease.
     lease_owner_hash: str
-    #: Hash sample id -> tokens generated so far by the in-flight attempt (not yet committed).
+    #: Hash sample id -> tokens generated so far by the in-flight attempt (not yet committed), as its
+    #: worker last reported them (every few seconds; status only).
     live_hash: str
+    #: Hash sample id -> tokens of the token budget reserved for the in-flight attempt: the most it may
+    #: generate (``budget/lua/_lib.lua``, Reservations).
+    reserved_hash: str
     #: Hash sample id -> why it went back to pending (dropped while paused, revoked, at a limit, a lease
     #: that expired, released): taken out of the queue without a result, to be fed again.
     pending_hash: str
     #: Hash sample id -> how many attempts gave up on it after exhausting their retries.
     strikes_hash: str
-    #: Hash epoch second -> tokens generated in that second (streamed chunks, and the rest at commit).
+    #: Hash epoch second -> tokens generated in that second (as workers report them, and the rest at
+    #: commit).
     rate_tokens_hash: str
     #: Hash epoch second -> samples committed in that second.
     rate_samples_hash: str
@@ -76,6 +81,7 @@ def dataset_keys(name: str) -> DatasetKeys:
         lease_zset=f"{base}:lease:zset",
         lease_owner_hash=f"{base}:lease_owner:hash",
         live_hash=f"{base}:live:hash",
+        reserved_hash=f"{base}:reserved:hash",
         pending_hash=f"{base}:pending:hash",
         strikes_hash=f"{base}:strikes:hash",
         rate_tokens_hash=f"{base}:rate_tokens:hash",

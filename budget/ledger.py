@@ -131,6 +131,28 @@ class AdmitResult:
     admission: Admission
     state: str
     spec: dict[str, Any] | None
+    #: Under a token budget (truncate, discard): the tokens reserved for this generation, the most it may
+    #: produce (send ``max_new_tokens`` at most this). 0: no reservation.
+    cap: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAdmission:
+    """``admit_many``'s answer: the dataset's state and spec, and each sample's verdict and cap."""
+
+    state: str
+    spec: dict[str, Any] | None
+    results: list[tuple[Admission, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitItem:
+    """One generation to count (``commit_many``)."""
+
+    sample_id: str
+    attempt: str
+    completion_tokens: int
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +183,8 @@ class DatasetSnapshot:
     samples_per_s: float = 0.0
     #: A worker cannot write this dataset's output (disk full, read-only...): "host:pid: problem".
     output_error: str = ""
+    #: Tokens of the budget reserved by in-flight generations (the most they may still produce).
+    reserved_tokens: int = 0
 
     @property
     def settled(self) -> bool:
@@ -242,7 +266,8 @@ class Ledger:
     @_translate_errors
     def register(self, name: str, limits: DatasetLimits, spec: dict[str, Any]) -> str:
         """Create or update a dataset; returns its state. Counters and the done-set are kept."""
-
+        sampling = spec.get("sampling") or {}
+        max_new = sampling.get("max_new_tokens") if isinstance(sampling, dict) else None
         state: str = self._call(
             "register",
             name,
@@ -251,6 +276,7 @@ class Ledger:
                 _limit_arg(limits.token_budget),
                 _limit_arg(limits.max_samples),
                 limits.on_budget,
+                int(max_new) if isinstance(max_new, int) else 0,
             ],
         )
         self.client.sadd(DATASETS_SET, name)
@@ -382,50 +408,72 @@ class Ledger:
     # --- worker ---------------------------------------------------------------------------------
 
     @_translate_errors
-    def admit(self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS) -> AdmitResult:
+    def admit_many(
+        self,
+        name: str,
+        samples: Sequence[tuple[str, str, int]],
+        lease_ms: int = DEFAULT_LEASE_MS,
+    ) -> GroupAdmission:
+        """Admit a group of samples in one call: each ``(sample_id, attempt, want)``, where ``want`` is the
+        most tokens its generation may produce (0: the dataset's ``max_new_tokens``). See
+        ``budget/lua/admit.lua``."""
+        args: list[Any] = [lease_ms]
+        for sid, attempt, want in samples:
+            args += [sid, attempt, int(want)]
+        flat = self._call("admit", name, args)
+        state, spec = str(flat[0]), flat[1]
+        verdicts = flat[2:]
+        results = [(Admission(verdicts[i]), int(verdicts[i + 1])) for i in range(0, len(verdicts), 2)]
+        return GroupAdmission(state, json.loads(spec) if spec else None, results)
 
-        verdict, state, spec = self._call(
-            "admit",
-            name,
-            [sample_id, attempt, lease_ms],
-        )
-        return AdmitResult(Admission(verdict), state, json.loads(spec) if spec else None)
+    def admit(
+        self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS, want: int = 0
+    ) -> AdmitResult:
+        group = self.admit_many(name, [(sample_id, attempt, want)], lease_ms)
+        admission, cap = group.results[0]
+        return AdmitResult(admission, group.state, group.spec if admission is Admission.OK else None, cap)
 
     @_translate_errors
     def progress(
-        self, name: str, sample_id: str, attempt: str, new_tokens: int, lease_ms: int = DEFAULT_LEASE_MS
+        self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS
     ) -> tuple[Progress, str]:
-        """Adds ``new_tokens`` (negative to take back a failed attempt's) and renews the lease.
-        Returns whether to go on, and the dataset's state."""
-        action, state = self._call(
-            "progress",
-            name,
-            [sample_id, attempt, new_tokens, lease_ms],
-        )
-        if action == Progress.STOP and new_tokens > 0:
-            # This chunk may be the one that reached the budget: the dataset's other streams, in every
-            # worker process, stop now rather than at their own next chunk.
-            self.announce_stop(name)
+        """Whether an attempt between two tries (or whose stream ended) may go on; renews its lease.
+        Returns the verdict and the dataset's state."""
+        action, state = self._call("progress", name, [sample_id, attempt, lease_ms])
         return Progress(action), state
 
     @_translate_errors
+    def renew_many(
+        self, name: str, leases: Sequence[tuple[str, str, int | None]], lease_ms: int = DEFAULT_LEASE_MS
+    ) -> list[bool]:
+        """Renew leases of one dataset in one call, each ``(sample_id, attempt, live_tokens)`` (tokens
+        generated so far, for status; None: not known). Returns, per lease, whether it is still held."""
+        if not leases:
+            return []
+        args: list[Any] = [lease_ms]
+        for sid, attempt, live in leases:
+            args += [sid, attempt, "-" if live is None else int(live)]
+        return [bool(x) for x in self._call("renew", name, args)]
+
     def renew(self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS) -> bool:
-        return bool(self._call("renew", name, [sample_id, attempt, lease_ms]))
+        return self.renew_many(name, [(sample_id, attempt, None)], lease_ms)[0]
 
     @_translate_errors
+    def commit_many(self, name: str, items: Sequence[CommitItem]) -> list[CommitOutcome]:
+        """Count a batch of generations whose records are written, in one call (``budget/lua/commit.lua``):
+        each exactly once."""
+        if not items:
+            return []
+        args: list[Any] = []
+        for it in items:
+            args += [it.sample_id, it.attempt, int(it.completion_tokens), int(it.truncated)]
+        flat = self._call("commit", name, args)
+        return [CommitOutcome(o) for o in flat[1:]]
+
     def commit(
         self, name: str, sample_id: str, attempt: str, completion_tokens: int, truncated: bool = False
     ) -> CommitOutcome:
-        outcome, state = self._call(
-            "commit",
-            name,
-            [sample_id, attempt, completion_tokens, int(truncated)],
-        )
-        if outcome == CommitOutcome.COMMITTED and state == DatasetState.EXHAUSTED and completion_tokens:
-            # This commit may be what reached the budget (a stream's last chunk is counted here, not by
-            # progress): the dataset's other streams stop now, as when a chunk reaches it.
-            self.announce_stop(name)
-        return CommitOutcome(outcome)
+        return self.commit_many(name, [CommitItem(sample_id, attempt, completion_tokens, truncated)])[0]
 
     @_translate_errors
     def fail(
@@ -545,6 +593,7 @@ class Ledger:
             tokens_per_s=n("rate_tokens") / max(1, n("rate_span_s")),
             samples_per_s=n("rate_samples") / max(1, n("rate_span_s")),
             output_error=f"{f['output_error_by']}: {f['output_error']}" if f.get("output_error") else "",
+            reserved_tokens=n("reserved_tokens"),
         )
 
     @_translate_errors
@@ -583,6 +632,7 @@ class Ledger:
             k.lease_zset,
             k.lease_owner_hash,
             k.live_hash,
+            k.reserved_hash,
             k.pending_hash,
             k.strikes_hash,
         )
@@ -594,7 +644,13 @@ class Ledger:
             pipe.hset(k.failed_hash, mapping=dict(fails[i : i + chunk]))
         pipe.hset(
             k.ledger_hash,
-            mapping={"tokens": tokens, "samples": len(done), "truncated": truncated, "live_tokens": 0},
+            mapping={
+                "tokens": tokens,
+                "samples": len(done),
+                "truncated": truncated,
+                "live_tokens": 0,
+                "reserved_tokens": 0,
+            },
         )
         pipe.execute()
         return self.set_limits(name)

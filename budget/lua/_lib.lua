@@ -8,7 +8,12 @@
 --   tokens            committed completion tokens
 --   samples           committed samples
 --   truncated         committed samples whose generation we cut at the budget
---   live_tokens       tokens generated so far by in-flight attempts (sum of the live hash)
+--   live_tokens       tokens generated so far by in-flight attempts (sum of the live hash; workers report
+--                     them every few seconds: for status only, never for a budget decision)
+--   reserved_tokens   tokens reserved by in-flight attempts under a token budget (sum of the reserved
+--                     hash): each generation is sent with max_new_tokens at most its reservation, so
+--                     committed + discarded + reserved never exceeds the budget (reservations, below)
+--   max_new_tokens    the dataset's max_new_tokens (discard reserves it whole for every generation)
 --   discarded_tokens  tokens generated and thrown away by the discard policy (spent budget)
 --   wasted_tokens     tokens generated and not committed for any reason (report only)
 --   reclaimed         leases that expired (a worker died) and were taken back
@@ -37,13 +42,36 @@ local function spent(ledger)
   return num(ledger, 'tokens') + num(ledger, 'discarded_tokens')
 end
 
--- Whether starting one more generation could not fit in the token budget: committed plus live tokens plus
--- what the running generations are still expected to produce (the mean committed length of this
--- dataset, less what each has produced so far) reach it. Prompts are then not prefilled only to be cut
--- after a few tokens.
-local function budget_blocked(ledger, leases)
-  local budget = limit(ledger, 'token_budget')
-  if not budget then return false end
+-- Reservations. Under a token budget with policy truncate or discard, admit reserves tokens for each
+-- generation and the worker sends it with max_new_tokens equal to its reservation, so the server itself
+-- stops it there: committed + discarded + reserved <= budget holds at every moment, and no stream has to
+-- be watched or aborted to keep the budget (no per-chunk ledger traffic). A finished generation gives
+-- back what it did not use. truncate reserves min(max_new_tokens, what is left): the last generations
+-- may be cut at the budget. discard reserves max_new_tokens whole, or nothing: no answer is ever cut, and
+-- the budget counts as reached once less than max_new_tokens is left. drain reserves nothing and starts
+-- a generation while committed + live + the expected rest of those running stay below the budget.
+
+-- The smallest reservation a generation may start with under ``mode`` (nil: no reservations).
+local function reserve_floor(ledger, mode)
+  if mode == 'discard' then return math.max(1, num(ledger, 'max_new_tokens')) end
+  if mode == 'drain' then return nil end
+  return 1
+end
+
+-- The reservation for one more generation that wants ``want`` tokens, given ``left`` unreserved tokens
+-- of the budget: 0 when it may not start now.
+local function reservation(mode, left, want)
+  if mode == 'discard' then
+    if left >= want then return want end
+    return 0
+  end
+  if left <= 0 then return 0 end
+  return math.min(want, left)
+end
+
+-- drain only: whether starting one more generation could not fit in the budget, with what the running
+-- ones are still expected to produce (this dataset's mean committed length, less what they produced).
+local function drain_blocked(ledger, leases, budget)
   local live = num(ledger, 'live_tokens')
   local committed = spent(ledger)
   local expected = 0
@@ -55,10 +83,24 @@ local function budget_blocked(ledger, leases)
   return committed + live + expected >= budget
 end
 
--- Which committed limit is reached, or nil.
+-- Whether no generation may start now for the token budget (enqueue asks before publishing).
+local function budget_blocked(ledger, leases)
+  local budget = limit(ledger, 'token_budget')
+  if not budget then return false end
+  local mode = redis.call('HGET', ledger, 'on_budget')
+  local floor = reserve_floor(ledger, mode)
+  if not floor then return drain_blocked(ledger, leases, budget) end
+  return budget - spent(ledger) - num(ledger, 'reserved_tokens') < floor
+end
+
+-- Which committed limit is reached, or nil. Under discard the budget is reached once less than a whole
+-- reservation (max_new_tokens) is left.
 local function limit_reached(ledger)
   local budget = limit(ledger, 'token_budget')
-  if budget and spent(ledger) >= budget then return 'token_budget' end
+  if budget then
+    local floor = reserve_floor(ledger, redis.call('HGET', ledger, 'on_budget')) or 1
+    if budget - spent(ledger) < floor then return 'token_budget' end
+  end
   local max = limit(ledger, 'max_samples')
   if max and num(ledger, 'samples') >= max then return 'max_samples' end
   return nil
@@ -76,21 +118,28 @@ local function refresh_state(ledger)
   return state
 end
 
--- Remove a lease and its live tokens. Returns the live tokens it held.
-local function drop_lease(ledger, leases, owners, live, sid)
+-- Remove a lease, its live tokens and its reservation. Returns the live tokens it held.
+local function drop_lease(ledger, leases, owners, live, reserved, sid)
   local n = tonumber(redis.call('HGET', live, sid) or '0') or 0
+  local r = tonumber(redis.call('HGET', reserved, sid) or '0') or 0
   redis.call('ZREM', leases, sid)
   redis.call('HDEL', owners, sid)
-  redis.call('HDEL', live, sid)
-  if n ~= 0 then redis.call('HINCRBY', ledger, 'live_tokens', -n) end
+  if n ~= 0 then
+    redis.call('HDEL', live, sid)
+    redis.call('HINCRBY', ledger, 'live_tokens', -n)
+  end
+  if r ~= 0 then
+    redis.call('HDEL', reserved, sid)
+    redis.call('HINCRBY', ledger, 'reserved_tokens', -r)
+  end
   return n
 end
 
 -- Take back leases whose holder stopped renewing them (a killed worker); the samples become pending.
-local function reclaim_expired(ledger, leases, owners, live, pending, done, failed, now)
+local function reclaim_expired(ledger, leases, owners, live, reserved, pending, done, failed, now)
   local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 256)
   for _, sid in ipairs(expired) do
-    local n = drop_lease(ledger, leases, owners, live, sid)
+    local n = drop_lease(ledger, leases, owners, live, reserved, sid)
     redis.call('HINCRBY', ledger, 'wasted_tokens', n)
     if redis.call('HEXISTS', done, sid) == 0 and redis.call('HEXISTS', failed, sid) == 0 then
       redis.call('HSET', pending, sid, 'lease_expired')
@@ -106,14 +155,15 @@ local function known(ledger)
 end
 
 -- Per-second counters for rates (status, ETA): a ring of epoch-second fields, trimmed to the last
--- RATE_KEEP_S seconds whenever it grows past twice that.
+-- RATE_KEEP_S seconds. The trim is looked at only in one second of every RATE_TRIM_EVERY_S (an HLEN per
+-- call would be a command per commit for nothing); the ring then holds at most a few hundred fields.
 local RATE_KEEP_S = 120
-local function rate_add(hash, n)
+local RATE_TRIM_EVERY_S = 16
+local function rate_add(hash, n, sec)
   if n <= 0 then return end
-  local t = redis.call('TIME')
-  local sec = tonumber(t[1])
+  if not sec then sec = tonumber(redis.call('TIME')[1]) end
   redis.call('HINCRBY', hash, sec, n)
-  if redis.call('HLEN', hash) > 2 * RATE_KEEP_S then
+  if sec % RATE_TRIM_EVERY_S == 0 and redis.call('HLEN', hash) > 2 * RATE_KEEP_S then
     for _, field in ipairs(redis.call('HKEYS', hash)) do
       if tonumber(field) < sec - RATE_KEEP_S then redis.call('HDEL', hash, field) end
     end
@@ -147,4 +197,12 @@ end
 
 local function owns(owners, sid, attempt)
   return redis.call('HGET', owners, sid) == attempt
+end
+
+-- Whether what runs must stop for the budget (truncate, discard): committed + discarded + reserved is
+-- above it, which happens only when an operator lowered the budget (admit never reserves past it).
+local function over_budget(ledger)
+  local budget = limit(ledger, 'token_budget')
+  if not budget or redis.call('HGET', ledger, 'on_budget') == 'drain' then return false end
+  return spent(ledger) + num(ledger, 'reserved_tokens') > budget
 end

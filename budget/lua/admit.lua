@@ -1,39 +1,103 @@
--- admit: a worker took a task from the queue and asks whether to generate it.
--- KEYS: ledger, spec, done, queued, leases, owners, live, pending, failed
--- ARGV: sid, attempt, lease_ms
--- Returns {verdict, state, spec_json}. verdict:
+-- admit: a worker took a task (one sample, or a group of them) from the queue and asks which to generate.
+-- One call for the whole group: its cost in Redis commands does not grow with the group's size.
+-- KEYS: ledger, spec, done, queued, leases, owners, live, reserved, pending, failed
+-- ARGV: lease_ms, then for each sample: sid, attempt, want (the most tokens its generation may produce:
+--       max_new_tokens, times the replies of a conversation that regenerates them all; 0: the dataset's
+--       max_new_tokens)
+-- Returns {state, spec_json, verdict_1, cap_1, verdict_2, cap_2, ...}, per sample in order. verdict:
 --   ok        generate; the caller holds the sample's lease until commit, fail or release
 --   done      already committed (a second delivery); nothing to do
 --   failed    already failed for good (a second delivery); nothing to do
 --   leased    another attempt holds the lease right now (a duplicate delivery); nothing to do
 --   paused | revoked | exhausted | limit    dropped without generation; the sample is pending again
 --   unknown   the dataset is not in this ledger
-local sid, attempt, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+-- cap: for an admitted sample under a token budget (truncate, discard), the tokens reserved for it: its
+-- generation must be sent with max_new_tokens at most this (see Reservations in _lib.lua); 0 otherwise.
+local lease_ms = tonumber(ARGV[1])
+local n = (#ARGV - 1) / 3
+local sids = {}
+for i = 1, n do sids[i] = ARGV[3 * i - 1] end
 local now = now_ms()
-redis.call('ZREM', queued, sid)
+redis.call('ZREM', queued, unpack(sids))
 local state = redis.call('HGET', ledger, 'state')
-if not state then return {'unknown', '', ''} end
-reclaim_expired(ledger, leases, owners, live, pending, done, failed, now)
-if redis.call('HEXISTS', done, sid) == 1 then return {'done', state, ''} end
-if redis.call('HEXISTS', failed, sid) == 1 then return {'failed', state, ''} end
-if redis.call('ZSCORE', leases, sid) then return {'leased', state, ''} end
-local verdict = 'ok'
-if state ~= 'active' then
-  verdict = state
-else
-  local max = limit(ledger, 'max_samples')
-  if budget_blocked(ledger, leases) then
-    verdict = 'limit'
-  elseif max and num(ledger, 'samples') + redis.call('ZCARD', leases) >= max then
-    verdict = 'limit'
+if not state then
+  local out = {'unknown', ''}
+  for i = 1, n do out[#out + 1] = 'unknown'; out[#out + 1] = 0 end
+  return out
+end
+reclaim_expired(ledger, leases, owners, live, reserved, pending, done, failed, now)
+local is_done = redis.call('HMGET', done, unpack(sids))
+local is_failed = redis.call('HMGET', failed, unpack(sids))
+local leased = redis.call('ZMSCORE', leases, unpack(sids))
+
+local budget, mode, left = nil, nil, 0
+local max, taken = nil, 0
+if state == 'active' then
+  budget = limit(ledger, 'token_budget')
+  if budget then
+    mode = redis.call('HGET', ledger, 'on_budget')
+    if mode == 'drain' then
+      if drain_blocked(ledger, leases, budget) then left = -1 end
+    else
+      left = budget - spent(ledger) - num(ledger, 'reserved_tokens')
+    end
   end
+  max = limit(ledger, 'max_samples')
+  if max then taken = num(ledger, 'samples') + redis.call('ZCARD', leases) end
 end
-if verdict ~= 'ok' then
-  redis.call('HSET', pending, sid, verdict)
-  return {verdict, state, ''}
+
+local out = {state, ''}
+local back, ok_sids, lease_args, owner_args, reserve_args, seen = {}, {}, {}, {}, {}, {}
+local reserved_now = 0
+for i = 1, n do
+  local sid, attempt, want = sids[i], ARGV[3 * i], tonumber(ARGV[3 * i + 1]) or 0
+  if want <= 0 then want = math.max(1, num(ledger, 'max_new_tokens')) end
+  local verdict, cap = 'ok', 0
+  if is_done[i] then
+    verdict = 'done'
+  elseif is_failed[i] then
+    verdict = 'failed'
+  elseif leased[i] or seen[sid] then
+    verdict = 'leased'
+  elseif state ~= 'active' then
+    verdict = state
+  elseif max and taken >= max then
+    verdict = 'limit'
+  elseif budget and mode == 'drain' then
+    if left < 0 then verdict = 'limit' end
+  elseif budget then
+    cap = reservation(mode, left, want)
+    if cap <= 0 then verdict = 'limit' else left = left - cap end
+  end
+  if verdict == 'ok' then
+    taken = taken + 1
+    ok_sids[#ok_sids + 1] = sid
+    lease_args[#lease_args + 1] = now + lease_ms
+    lease_args[#lease_args + 1] = sid
+    owner_args[#owner_args + 1] = sid
+    owner_args[#owner_args + 1] = attempt
+    seen[sid] = true
+    if cap > 0 then
+      reserve_args[#reserve_args + 1] = sid
+      reserve_args[#reserve_args + 1] = cap
+      reserved_now = reserved_now + cap
+    end
+  elseif verdict ~= 'done' and verdict ~= 'failed' and verdict ~= 'leased' then
+    back[#back + 1] = sid
+    back[#back + 1] = verdict
+  end
+  out[#out + 1] = verdict
+  out[#out + 1] = cap
 end
-redis.call('HDEL', pending, sid)
-redis.call('ZADD', leases, now + lease_ms, sid)
-redis.call('HSET', owners, sid, attempt)
-redis.call('HSET', live, sid, 0)
-return {'ok', state, redis.call('GET', spec) or ''}
+if #back > 0 then redis.call('HSET', pending, unpack(back)) end
+if #ok_sids > 0 then
+  redis.call('HDEL', pending, unpack(ok_sids))
+  redis.call('ZADD', leases, unpack(lease_args))
+  redis.call('HSET', owners, unpack(owner_args))
+  if reserved_now > 0 then
+    redis.call('HSET', reserved, unpack(reserve_args))
+    redis.call('HINCRBY', ledger, 'reserved_tokens', reserved_now)
+  end
+  out[2] = redis.call('GET', spec) or ''
+end
+return out

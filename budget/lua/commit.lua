@@ -1,34 +1,85 @@
--- commit: a generation's record is written and flushed; count it, exactly once.
--- KEYS: ledger, done, leases, owners, live, pending, rate_tokens, rate_samples
--- ARGV: sid, attempt, completion_tokens, truncated (0 | 1)
--- Returns {outcome, state}: committed | duplicate (already committed by another attempt) |
--- over_limit (max_samples already reached: not counted, so not exported) | revoked (the operator stopped
--- the dataset: nothing more of it is counted or exported; the sample is pending) | unknown (forgotten).
-local sid, attempt, n, truncated = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-if not known(ledger) then return {'unknown', 'unknown'} end
-local mine = owns(owners, sid, attempt)
-if mine then
-  -- the tokens of the last chunk(s) never went through progress: they count as generated now
-  rate_add(rate_tokens, n - drop_lease(ledger, leases, owners, live, sid))
+-- commit: generations' records are written and flushed; count each, exactly once. One call commits a
+-- batch (a worker process's generations that ended at about the same time): its cost in Redis commands
+-- does not grow with the batch's size.
+-- KEYS: ledger, done, leases, owners, live, reserved, pending, rate_tokens, rate_samples
+-- ARGV: for each generation: sid, attempt, completion_tokens, truncated (0 | 1)
+-- Returns {state, outcome_1, outcome_2, ...}; outcome: committed | duplicate (already committed by
+-- another attempt) | over_limit (max_samples already reached: not counted, so not exported) | revoked (the
+-- operator stopped the dataset: nothing more of it is counted or exported; the sample is pending) |
+-- unknown (forgotten).
+local n = #ARGV / 4
+local out = {}
+if not known(ledger) then
+  out[1] = 'unknown'
+  for i = 1, n do out[#out + 1] = 'unknown' end
+  return out
 end
-local outcome = 'committed'
-local max = limit(ledger, 'max_samples')
-if redis.call('HEXISTS', done, sid) == 1 then
-  outcome = 'duplicate'
-elseif redis.call('HGET', ledger, 'state') == 'revoked' then
-  outcome = 'revoked'
-  redis.call('HSET', pending, sid, 'revoked')
-elseif max and num(ledger, 'samples') >= max then
-  outcome = 'over_limit'
+local sids = {}
+for i = 1, n do sids[i] = ARGV[4 * i - 3] end
+local owner = redis.call('HMGET', owners, unpack(sids))
+local live_of = redis.call('HMGET', live, unpack(sids))
+local reserved_of = redis.call('HMGET', reserved, unpack(sids))
+local is_done = redis.call('HMGET', done, unpack(sids))
+local f = redis.call('HMGET', ledger, 'state', 'max_samples', 'tokens', 'samples', 'truncated',
+  'live_tokens', 'reserved_tokens', 'wasted_tokens')
+local state, max = f[1], tonumber(f[2] or '')
+local tokens, samples, truncated = tonumber(f[3]) or 0, tonumber(f[4]) or 0, tonumber(f[5]) or 0
+local live_tokens, reserved_tokens, wasted = tonumber(f[6]) or 0, tonumber(f[7]) or 0, tonumber(f[8]) or 0
+
+local dropped, done_args, committed_sids, back, committed_here = {}, {}, {}, {}, {}
+local new_tokens, new_samples = 0, 0
+out[1] = state
+for i = 1, n do
+  local sid, attempt, k, cut = sids[i], ARGV[4 * i - 2], tonumber(ARGV[4 * i - 1]), ARGV[4 * i]
+  local generated = k
+  if owner[i] == attempt then
+    -- the tokens not reported live yet count as generated now; the reservation is given back
+    local was_live = tonumber(live_of[i]) or 0
+    generated = k - was_live
+    live_tokens = live_tokens - was_live
+    reserved_tokens = reserved_tokens - (tonumber(reserved_of[i]) or 0)
+    dropped[#dropped + 1] = sid
+  end
+  new_tokens = new_tokens + math.max(0, generated)
+  local outcome = 'committed'
+  if is_done[i] or committed_here[sid] then
+    outcome = 'duplicate'
+  elseif state == 'revoked' then
+    outcome = 'revoked'
+    back[#back + 1] = sid
+    back[#back + 1] = 'revoked'
+  elseif max and samples >= max then
+    outcome = 'over_limit'
+  end
+  if outcome == 'committed' then
+    committed_here[sid] = true
+    done_args[#done_args + 1] = sid
+    done_args[#done_args + 1] = attempt
+    committed_sids[#committed_sids + 1] = sid
+    tokens = tokens + k
+    samples = samples + 1
+    new_samples = new_samples + 1
+    if cut == '1' then truncated = truncated + 1 end
+  else
+    wasted = wasted + k
+  end
+  out[#out + 1] = outcome
 end
-if outcome ~= 'committed' then
-  redis.call('HINCRBY', ledger, 'wasted_tokens', n)
-  return {outcome, redis.call('HGET', ledger, 'state') or 'unknown'}
+if #dropped > 0 then
+  redis.call('ZREM', leases, unpack(dropped))
+  redis.call('HDEL', owners, unpack(dropped))
+  redis.call('HDEL', live, unpack(dropped))
+  redis.call('HDEL', reserved, unpack(dropped))
 end
-redis.call('HSET', done, sid, attempt)
-redis.call('HDEL', pending, sid)
-redis.call('HINCRBY', ledger, 'tokens', n)
-redis.call('HINCRBY', ledger, 'samples', 1)
-if truncated == '1' then redis.call('HINCRBY', ledger, 'truncated', 1) end
-rate_add(rate_samples, 1)
-return {outcome, refresh_state(ledger)}
+if #done_args > 0 then
+  redis.call('HSET', done, unpack(done_args))
+  redis.call('HDEL', pending, unpack(committed_sids))
+end
+if #back > 0 then redis.call('HSET', pending, unpack(back)) end
+redis.call('HSET', ledger, 'tokens', tokens, 'samples', samples, 'truncated', truncated,
+  'live_tokens', live_tokens, 'reserved_tokens', reserved_tokens, 'wasted_tokens', wasted)
+local sec = tonumber(redis.call('TIME')[1])
+rate_add(rate_tokens, new_tokens, sec)
+rate_add(rate_samples, new_samples, sec)
+if new_samples > 0 then out[1] = refresh_state(ledger) end
+return out

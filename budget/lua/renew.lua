@@ -1,7 +1,38 @@
--- renew: keep a lease alive while its generation runs (the worker's lease keeper calls it).
--- KEYS: leases, owners
--- ARGV: sid, attempt, lease_ms
--- Returns 1 when renewed, 0 when this attempt no longer holds the lease.
-if not owns(owners, ARGV[1], ARGV[2]) then return 0 end
-redis.call('ZADD', leases, 'XX', now_ms() + tonumber(ARGV[3]), ARGV[1])
-return 1
+-- renew: keep a worker process's leases alive, and report the tokens their generations have produced so
+-- far (for status and rates only: budgets are kept by reservations). One call per process and dataset
+-- every few seconds, for all its leases: no command per streamed chunk.
+-- KEYS: ledger, leases, owners, live, rate_tokens
+-- ARGV: lease_ms, then for each lease: sid, attempt, live_tokens (generated so far by the attempt; "-":
+--       not known, leave it)
+-- Returns a list: 1 for each lease renewed, 0 for each this attempt no longer holds.
+local lease_ms = tonumber(ARGV[1])
+local n = (#ARGV - 1) / 3
+local sids = {}
+for i = 1, n do sids[i] = ARGV[3 * i - 1] end
+local owner = redis.call('HMGET', owners, unpack(sids))
+local was = redis.call('HMGET', live, unpack(sids))
+local expiry = now_ms() + lease_ms
+local out, lease_args, live_args = {}, {}, {}
+local delta = 0
+for i = 1, n do
+  if owner[i] == ARGV[3 * i] then
+    local now_live = tonumber(ARGV[3 * i + 1])
+    if now_live then
+      delta = delta + now_live - (tonumber(was[i]) or 0)
+      live_args[#live_args + 1] = sids[i]
+      live_args[#live_args + 1] = now_live
+    end
+    lease_args[#lease_args + 1] = expiry
+    lease_args[#lease_args + 1] = sids[i]
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+if #lease_args > 0 then
+  redis.call('ZADD', leases, 'XX', unpack(lease_args))
+  if #live_args > 0 then redis.call('HSET', live, unpack(live_args)) end
+  if delta ~= 0 then redis.call('HINCRBY', ledger, 'live_tokens', delta) end
+  rate_add(rate_tokens, delta)
+end
+return out

@@ -5,14 +5,11 @@
 -- Returns the reason to stop, or "" to go on:
 --   revoked   the operator revoked the dataset
 --   paused    the operator paused it (the samples go back to pending, fed again on resume)
---   budget    committed + live tokens reached the token budget (policy truncate or discard)
+--   budget    its budget was lowered below the tokens committed and reserved (policy truncate or
+--             discard): a reservation no longer fits, so what runs is cut now
 --   unknown   the dataset is not in this ledger
 local state = redis.call('HGET', ledger, 'state')
 if not state then return 'unknown' end
 if state == 'revoked' or state == 'paused' then return state end
-local budget = limit(ledger, 'token_budget')
-if budget and redis.call('HGET', ledger, 'on_budget') ~= 'drain'
-    and spent(ledger) + num(ledger, 'live_tokens') >= budget then
-  return 'budget'
-end
+if over_budget(ledger) then return 'budget' end
 return ''
