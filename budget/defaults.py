@@ -27,9 +27,11 @@ BACKOFF_CAP_S: Final = 30.0
 ON_BUDGET: Final = "truncate"
 #: "always": a record is on disk (fsync) before the ledger counts it; "never": in the page cache.
 FSYNC: Final = "always"
-#: Tokens between streamed chunks when the dataset's sampling does not say: each chunk is one ledger
-#: update, and the budget can be overshot by at most this many tokens per generation in flight.
-STREAM_INTERVAL: Final = 8
+#: When a dataset's sampling sets no ``stream_interval``, the worker picks one per request so that a
+#: chunk comes about every quarter of the stall timeout at the server's measured speed (chunks then only
+#: prove the stream is alive: budgets are kept by reservations, stops by aborts): at least this many
+#: tokens, and at most ``max_new_tokens`` (``workers/stream_pacing.py``).
+STREAM_INTERVAL_MIN: Final = 64
 #: Which replies of a chat record are generated: "last" or "all" (docs/eagle3.md).
 REGENERATE: Final = "last"
 #: How long a generation's lease lives without renewal; a worker renews it every quarter.

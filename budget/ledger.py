@@ -49,6 +49,8 @@ ENQUEUE_SKIP: Final = 0
 ENQUEUE_WINDOW_FULL: Final = -1
 ENQUEUE_NOT_ACTIVE: Final = -2
 ENQUEUE_BUDGET_IN_FLIGHT: Final = -3
+#: Sample ids per ``enqueue`` script call at most.
+ENQUEUE_CHUNK: Final = 1000
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -366,13 +368,15 @@ class Ledger:
 
     @_translate_errors
     def enqueue(self, name: str, sample_ids: Sequence[str], window: int) -> list[int]:
-        """Which of ``sample_ids`` to publish now (codes ``ENQUEUE_*``); marks those as queued."""
-        codes: list[int] = self._call(
-            "enqueue",
-            name,
-            [window, *sample_ids],
-        )
-        return [int(c) for c in codes]
+        """Which of ``sample_ids`` to publish now (codes ``ENQUEUE_*``); marks those as queued. One script
+        call per ``ENQUEUE_CHUNK`` ids (a Lua call takes a bounded number of arguments)."""
+        codes: list[int] = []
+        for start in range(0, max(1, len(sample_ids)), ENQUEUE_CHUNK):
+            chunk = self._call("enqueue", name, [window, *sample_ids[start : start + ENQUEUE_CHUNK]])
+            codes += [int(c) for c in chunk]
+            if not chunk or int(chunk[-1]) < 0:  # the window is full, or the dataset may not start any
+                break
+        return codes
 
     @_translate_errors
     def unqueue(self, name: str, sample_ids: Sequence[str], reason: str) -> int:

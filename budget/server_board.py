@@ -106,6 +106,39 @@ class ServerLedger:
     # --- workers --------------------------------------------------------------------------------
 
     @_translate_errors
+    def acquire_many(
+        self,
+        servers: Sequence[str],
+        caps: Sequence[int | None],
+        tokens: Sequence[str],
+        lease_ms: int,
+        *,
+        avoid: str | None = None,
+        first: int = 0,
+    ) -> list[Acquired]:
+        """Take a slot for each of ``tokens``, each on the least-loaded of ``servers`` that is up and below
+        its cap at its turn (``caps[i]`` for ``servers[i]``, None for none); ``avoid`` only when nothing
+        else is a candidate. Ties go to the first from index ``first`` on. One script call."""
+        keys = [SERVERS_SEEN_ZSET]
+        args: list[Any] = [
+            " ".join(tokens),
+            lease_ms,
+            avoid or "",
+            first % max(len(servers), 1) + 1,
+            SEEN_TTL_MS,
+        ]
+        for url, cap in zip(servers, caps, strict=True):
+            k = server_keys(url)
+            keys += [k.slots_zset, k.health_hash]
+            args += [url, cap or 0]
+        urls, inflight, dirty = self._run("server_acquire", keys, args)
+        dirty_set = frozenset(dirty.split())
+        picked = urls.split()
+        return [
+            Acquired(None if url == "-" else url, int(inflight) if i == len(picked) - 1 else 0, dirty_set)
+            for i, url in enumerate(picked)
+        ]
+
     def acquire(
         self,
         servers: Sequence[str],
@@ -116,26 +149,21 @@ class ServerLedger:
         avoid: str | None = None,
         first: int = 0,
     ) -> Acquired:
-        """Take a slot named ``token`` on the least-loaded of ``servers`` that is up and below its cap
-        (``caps[i]`` for ``servers[i]``, None for none); ``avoid`` only when nothing else is a candidate.
-        Ties go to the first from index ``first`` on."""
-        keys = [SERVERS_SEEN_ZSET]
-        args: list[Any] = [token, lease_ms, avoid or "", first % max(len(servers), 1) + 1, SEEN_TTL_MS]
-        for url, cap in zip(servers, caps, strict=True):
-            k = server_keys(url)
-            keys += [k.slots_zset, k.health_hash]
-            args += [url, cap or 0]
-        url, inflight, dirty = self._run("server_acquire", keys, args)
-        return Acquired(url or None, int(inflight), frozenset(dirty.split()))
+        """``acquire_many`` for one slot."""
+        return self.acquire_many(servers, caps, [token], lease_ms, avoid=avoid, first=first)[0]
 
     @_translate_errors
-    def release(self, url: str, token: str) -> int:
-        """Give back the slot ``token`` on ``url`` and count the finished request; returns the Redis time
-        (ms) of the release, which orders this generation's outcome report."""
+    def release_many(self, url: str, tokens: Sequence[str]) -> int:
+        """Give back the slots ``tokens`` on ``url`` and count the finished requests; returns the Redis
+        time (ms) of the release, which orders these generations' outcome reports. One script call."""
         k = server_keys(url)
         keys = server_script_keys("server_release", k)
-        _held, now_ms = self._run("server_release", keys, [token, RATE_WINDOW_S])
+        _held, now_ms = self._run("server_release", keys, [RATE_WINDOW_S, *tokens])
         return int(now_ms)
+
+    def release(self, url: str, token: str) -> int:
+        """``release_many`` for one slot."""
+        return self.release_many(url, [token])
 
     @_translate_errors
     def renew(self, slots: Sequence[tuple[str, str]], lease_ms: int) -> list[bool]:

@@ -24,8 +24,8 @@ class DatasetSpec:
     Attributes:
         servers: SGLang server URLs (or one sglang-router), in the config's order.
         output_dir: Where records and failures are written (``output_dir/NAME/part-*.jsonl``).
-        sampling: The effective ``sampling_params`` sent with every request (``stream_interval``
-            included).
+        sampling: The effective ``sampling_params`` sent with every request (a worker adds a
+            ``stream_interval`` when it sets none, and lowers ``max_new_tokens`` to a budget's reservation).
         max_inflight_per_server: Generations in flight fleet-wide per server URL (None: no cap).
         timeout_s: Seconds a generation may take in all.
         stall_timeout_s: Seconds a stream may stay silent before it is given up as stalled.
@@ -61,12 +61,6 @@ class DatasetSpec:
     auth: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     vocab_size: int | None = None
     storage_token: str | None = None
-
-    def __post_init__(self) -> None:
-        if "stream_interval" not in self.sampling:
-            object.__setattr__(
-                self, "sampling", {**self.sampling, "stream_interval": defaults.STREAM_INTERVAL}
-            )
 
     def as_json(self) -> dict[str, Any]:
         """The JSON-ready dict stored in the ledger."""

@@ -53,9 +53,17 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: Settings that change how a generation is streamed to us, not what it is: never a change of settings
+#: (older submits stored ``stream_interval`` 8 in the effective sampling).
+NOT_SHAPING: Final = frozenset({"sampling.stream_interval"})
+
+
 def settings_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``"sampling.max_new_tokens: 256 -> 128"`` for each setting that differs (``unset`` when absent)."""
     a, b = _flat(old), _flat(new)
+    for key in NOT_SHAPING:
+        a.pop(key, None)
+        b.pop(key, None)
     missing = object()
     changes = []
     for key in sorted(set(a) | set(b)):

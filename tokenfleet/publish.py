@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
 
 from celery import Celery
 
@@ -18,6 +21,61 @@ from workers.messages import (
 )
 
 
+#: Samples per message at most (one message's samples run at once on one worker thread's group).
+MAX_GROUP: Final = 64
+#: The fleet's threads are read from the workers' heartbeats at most this often.
+FLEET_READ_EVERY_S: Final = 5.0
+#: Samples admitted per sample the servers can run: a message's thread is free only once its last sample
+#: ends, so twice the servers' batches keeps them full while the groups' stragglers finish.
+OVERBOOK: Final = 2
+
+
+def group_size(wanted_inflight: int | None, fleet_threads: int) -> int:
+    """Samples per message so that the fleet's task threads hold about ``OVERBOOK`` x the generations the
+    servers can run at once (``wanted_inflight``: the sum of their caps; None: unknown, taken as 256)."""
+    wanted = OVERBOOK * (wanted_inflight or 256)
+    return max(1, min(MAX_GROUP, math.ceil(wanted / max(1, fleet_threads))))
+
+
+class GroupSizer:
+    """``samples_per_task = "auto"``: each publish sizes its messages from the dataset's servers' caps and
+    the task threads of the workers online now (their heartbeats), so the fleet keeps its servers full
+    without anyone choosing a group size; it says what it chose when that changes."""
+
+    def __init__(
+        self,
+        wanted_inflight: dict[str, int | None],
+        fleet_threads: Callable[[], int],
+        say: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self._wanted = wanted_inflight
+        self._fleet_threads = fleet_threads
+        self._say = say
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._read_at = -math.inf
+        self._chosen: dict[str, int] = {}
+
+    def __call__(self, dataset: str) -> int:
+        with self._lock:
+            if time.monotonic() - self._read_at > FLEET_READ_EVERY_S:
+                try:
+                    self._threads = self._fleet_threads()
+                except Exception:  # noqa: BLE001 - a failed read keeps the last figure
+                    pass
+                self._read_at = time.monotonic()
+            threads = self._threads
+        k = group_size(self._wanted.get(dataset), threads)
+        if self._chosen.get(dataset) != k:
+            self._chosen[dataset] = k
+            wanted = self._wanted.get(dataset)
+            self._say(
+                f"{dataset}: {k} sample(s) per task ({wanted or 'unknown, taken as 256'} in flight wanted on "
+                f"its servers, {threads or 'no'} worker thread(s) online)"
+            )
+        return k
+
+
 class TaskPublisher:
     """Sends the samples as tasks: one task per sample, or per group of ``samples_per_task`` samples
     (short answers: the Celery cost of a message is shared by the group; a worker runs its samples at
@@ -28,13 +86,25 @@ class TaskPublisher:
     and, with the sample ids, in the message headers the ledger's queue purge and audit read.
     """
 
-    def __init__(self, app: Celery, samples_per_task: int = 1) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        samples_per_task: int | Literal["auto"] = 1,
+        sizer: Callable[[str], int] | None = None,
+    ) -> None:
         self.app = app
-        self.samples_per_task = max(1, samples_per_task)
+        self.samples_per_task = samples_per_task
+        self.sizer = sizer
+
+    def group_size(self, dataset: str) -> int:
+        if self.samples_per_task == "auto":
+            return self.sizer(dataset) if self.sizer is not None else group_size(None, 0)
+        return max(1, self.samples_per_task)
 
     def __call__(self, dataset: str, samples: Sequence[Sample]) -> None:
+        k = self.group_size(dataset)
         with self.app.producer_or_acquire() as producer:
-            if self.samples_per_task == 1:
+            if k == 1:
                 for sample in samples:
                     payload = sample.to_task_payload()
                     sample_id = payload.pop("sample_id")
@@ -42,8 +112,8 @@ class TaskPublisher:
                     shown = {"dataset": dataset, "sample_id": sample_id}
                     self._send(producer, GENERATE_TASK, dataset, kwargs, shown, {SAMPLE_ID_HEADER: sample_id})
                 return
-            for start in range(0, len(samples), self.samples_per_task):
-                group = [s.to_task_payload() for s in samples[start : start + self.samples_per_task]]
+            for start in range(0, len(samples), k):
+                group = [s.to_task_payload() for s in samples[start : start + k]]
                 ids = [p["sample_id"] for p in group]
                 kwargs = {"dataset": dataset, "samples": group}
                 shown = {"dataset": dataset, "sample_ids": ids}

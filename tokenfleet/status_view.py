@@ -13,7 +13,6 @@ from rich.table import Table
 from rich.text import Text
 
 from budget import DatasetSnapshot
-from budget.defaults import STREAM_INTERVAL
 from budget.server_board import ServerStatus
 from tokenfleet.config import redact_url
 
@@ -74,11 +73,8 @@ def project(s: DatasetSnapshot) -> Projection:
             waste = s.discarded_tokens
         elif s.on_budget == "drain":  # the running generations finish: their expected rest
             overshoot, waste = int(max(0.0, s.inflight * mean - s.live_tokens)), 0
-        else:  # cut at the next chunk: at most one stream interval each
-            # a truncated generation runs at most about one stream interval past the budget before its
-            # abort lands
-            overshoot = s.inflight * STREAM_INTERVAL
-            waste = s.live_tokens if s.on_budget == "discard" else 0
+        else:  # truncate, discard: every generation was sent capped at its reservation of the budget
+            overshoot, waste = 0, 0
     if s.settled:
         eta: float | None = 0.0
     else:

@@ -1,5 +1,9 @@
-"""Keeps this process's generation leases alive while their streams are silent (queued at the server,
-long prefill). A killed process stops renewing, so its leases expire and the ledger reclaims the samples.
+"""Keeps this process's generation leases alive, and tells the ledger how many tokens each generation has
+produced so far (for status and rates: budgets are kept by reservations, not by these reports).
+
+One ledger call per dataset every ``REPORT_S`` covers all of the process's leases of it, whatever their
+number and however many chunks their streams brought: the ledger's cost does not grow with the tokens. A
+killed process stops renewing, so its leases expire and the ledger reclaims the samples.
 """
 
 from __future__ import annotations
@@ -7,10 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Final
 
 from budget import Ledger, LedgerError
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two reports of a process's leases (renewal and live tokens).
+REPORT_S: Final = 2.0
 
 
 @dataclass(slots=True)
@@ -20,12 +28,15 @@ class Lease:
     attempt: str
     #: Set when a renewal found the lease taken back: the generation must stop.
     lost: threading.Event = field(default_factory=threading.Event)
+    #: Tokens its generation has produced so far (this attempt, kept replies included).
+    live: int = 0
 
 
 class LeaseKeeper:
-    def __init__(self, ledger: Ledger, lease_ms: int) -> None:
+    def __init__(self, ledger: Ledger, lease_ms: int, report_s: float = REPORT_S) -> None:
         self._ledger = ledger
         self._lease_ms = lease_ms
+        self._interval_s = min(report_s, lease_ms / 4000)
         self._leases: dict[tuple[str, str, str], Lease] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -51,14 +62,27 @@ class LeaseKeeper:
     def stop(self) -> None:
         self._stop.set()
 
+    def report(self) -> None:
+        """Renew every lease and report its live tokens: one ledger call per dataset."""
+        by_dataset: dict[str, list[Lease]] = {}
+        with self._lock:
+            for lease in self._leases.values():
+                by_dataset.setdefault(lease.dataset, []).append(lease)
+        for dataset, leases in by_dataset.items():
+            try:
+                held = self._ledger.renew_many(
+                    dataset, [(x.sample_id, x.attempt, x.live) for x in leases], self._lease_ms
+                )
+            except LedgerError as e:  # Redis away for a moment: try again next round
+                log.warning("lease renewal failed: %s", e)
+                continue
+            for lease, ok in zip(leases, held, strict=True):
+                if not ok:
+                    lease.lost.set()
+
     def _run(self) -> None:
-        interval_s = self._lease_ms / 4000
-        while not self._stop.wait(interval_s):
-            with self._lock:
-                leases = list(self._leases.values())
-            for lease in leases:
-                try:
-                    if not self._ledger.renew(lease.dataset, lease.sample_id, lease.attempt, self._lease_ms):
-                        lease.lost.set()
-                except LedgerError as e:  # Redis away for a moment: try again next round
-                    log.warning("lease renewal failed: %s", e)
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.report()
+            except Exception:  # never let renewals die: the leases would expire under running work
+                log.exception("lease keeper: unexpected error")

@@ -12,16 +12,17 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from budget import Admission, GiveUpOutcome, Ledger, Progress, defaults
+from budget import Admission, CommitItem, CommitOutcome, GiveUpOutcome, Ledger, Progress, defaults
 from budget.ledger import DatasetState
 from budget.spec import DatasetSpec
 from budget.urls import redact_url
-from workers.conversation import Conversation, record_fields
+from workers.batching import CallBatcher
+from workers.conversation import Conversation, ConversationGeneration, record_fields
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard
 from workers.rids import new_rid
@@ -39,6 +40,7 @@ from workers.sglang.client import (
 )
 from workers.sink import OutputUnwritable, dataset_dir
 from workers.stops import InflightRequests, StopWatcher
+from workers.stream_pacing import StreamPacer
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,9 @@ class Attempt:
     lease: Lease
     #: ``output_dir/dataset``: where its record or failure is written.
     folder: Path
+    #: The tokens the ledger reserved for it under a token budget (its generation is sent with
+    #: ``max_new_tokens`` at most this, so the budget holds); 0: no reservation.
+    cap: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +115,14 @@ class SampleRunner:
         self.inflight = InflightRequests()
         self.stops = StopWatcher(ledger, self.inflight, client)
         self.output_guard = OutputGuard(ledger, sink)
+        #: Commits of this process's threads, grouped into one ledger call per dataset.
+        self.committer: CallBatcher[str, CommitItem, CommitOutcome] = CallBatcher(
+            "committer", ledger.commit_many
+        )
+        self.pacer = StreamPacer()
         self.sleep = sleep
+        #: Each dataset's spec as last admitted: what a sample may want to reserve before it is admitted.
+        self._specs: dict[str, DatasetSpec] = {}
 
     def _probe_generation(self, server: str) -> tuple[bool, str]:
         """Whether a down server generates again: one real one-token generation (not ``/health``, which a
@@ -129,42 +141,97 @@ class SampleRunner:
         return True, "probe generation answered"
 
     def run(self, dataset: str, sample: dict[str, Any]) -> Outcome:
-        sid = str(sample["sample_id"])
+        return self.run_many(dataset, [sample])[0]
+
+    def run_many(
+        self,
+        dataset: str,
+        samples: list[dict[str, Any]],
+        mapper: Callable[[Callable[[Attempt], Outcome], list[Attempt]], Iterable[Outcome]] = map,
+    ) -> list[Outcome]:
+        """Admit ``samples`` (one task's) in one ledger call, then generate the admitted ones, at once
+        through ``mapper`` (a thread pool's ``map``); each is leased, generated and committed on its own.
+        Returns one outcome per sample, in order."""
+        sids = [str(s["sample_id"]) for s in samples]
         problem = self.output_guard.problem(dataset)
         if problem is not None:
-            # This worker cannot write the dataset's output: no generation; the sample is fed again.
+            # This worker cannot write the dataset's output: no generation; the samples are fed again.
             self.sleep(HAND_BACK_WAIT_S)
-            self.ledger.unqueue(dataset, [sid], "output_unwritable")
-            return Outcome("dropped", f"output_unwritable: {problem}")
-        attempt_id = uuid.uuid4().hex[:16]
-        admitted = self.ledger.admit(dataset, sid, attempt_id, self.lease_ms)
-        if admitted.admission is not Admission.OK or admitted.spec is None:
-            return Outcome("dropped", admitted.admission.value)
+            self.ledger.unqueue(dataset, sids, "output_unwritable")
+            return [Outcome("dropped", f"output_unwritable: {problem}") for _ in samples]
+        attempt_ids = [uuid.uuid4().hex[:16] for _ in samples]
+        wants = [self._want(dataset, s) for s in samples]
+        asks = list(zip(sids, attempt_ids, wants, strict=True))
+        group = self.ledger.admit_many(dataset, asks, self.lease_ms)
+        outcomes: list[Outcome | None] = [
+            None if admission is Admission.OK else Outcome("dropped", admission.value)
+            for admission, _ in group.results
+        ]
+        admitted = [i for i, o in enumerate(outcomes) if o is None]
+        if not admitted:
+            return [o for o in outcomes if o is not None]
+        if group.spec is None:  # cannot happen: the ledger sends the spec with any admission
+            raise RuntimeError(f"{dataset}: admitted without a spec")
         self.stops.start()
-        spec = DatasetSpec.from_json(admitted.spec)
+        spec = DatasetSpec.from_json(group.spec)
+        self._specs[dataset] = spec
         output_dir = Path(spec.output_dir)
         folder = dataset_dir(output_dir, dataset)
         problem = self.output_guard.check_storage(dataset, folder, output_dir, spec.storage_token)
         if problem is not None:  # not the storage submit checked: records written here would be lost
-            self.ledger.release(dataset, sid, attempt_id, "output_unwritable")
-            return Outcome("dropped", f"output_unwritable: {problem}")
-        lease = self.keeper.hold(dataset, sid, attempt_id)
-        a = Attempt(dataset, sample, sid, attempt_id, spec, lease, folder)
+            for i in admitted:
+                self.ledger.release(dataset, sids[i], attempt_ids[i], "output_unwritable")
+                outcomes[i] = Outcome("dropped", f"output_unwritable: {problem}")
+            return [o for o in outcomes if o is not None]
+        attempts = [
+            Attempt(
+                dataset,
+                samples[i],
+                sids[i],
+                attempt_ids[i],
+                spec,
+                self.keeper.hold(dataset, sids[i], attempt_ids[i]),
+                folder,
+                group.results[i][1],
+            )
+            for i in admitted
+        ]
+        for i, outcome in zip(admitted, mapper(self._run_admitted, attempts), strict=True):
+            outcomes[i] = outcome
+        return [o for o in outcomes if o is not None]
+
+    def _want(self, dataset: str, sample: dict[str, Any]) -> int:
+        """The most tokens ``sample``'s generation may produce, for its reservation: max_new_tokens, times
+        the replies of a conversation that regenerates several. 0 (the dataset's max_new_tokens, as the
+        ledger knows it) before this process has seen the dataset's spec."""
+        spec = self._specs.get(dataset)
+        if spec is None:
+            return 0
+        max_new = int(spec.sampling.get("max_new_tokens") or 0)
+        if max_new <= 0:
+            return 0
+        try:
+            conversation = Conversation.of(sample, spec, dataset)
+        except Exception:  # a malformed conversation fails in _generate, with its reason
+            return max_new
+        return max_new * (conversation.replies if conversation is not None else 1)
+
+    def _run_admitted(self, a: Attempt) -> Outcome:
         try:
             return self._generate(a)
         except OutputUnwritable as e:  # a failure record could not be written: as for a record
-            self.output_guard.block(dataset, folder, e)
-            self.ledger.release(dataset, sid, attempt_id, "output_unwritable")
+            self.output_guard.block(a.dataset, a.folder, e)
+            self.ledger.release(a.dataset, a.sid, a.attempt, "output_unwritable")
             return Outcome("dropped", f"output_unwritable: {e.reason}")
         except BaseException:
             # Anything unplanned (a bug, a warm shutdown): give the sample back.
-            self.ledger.release(dataset, sid, attempt_id, "worker_error")
+            self.ledger.release(a.dataset, a.sid, a.attempt, "worker_error")
             raise
         finally:
-            self.keeper.drop(lease)
+            self.keeper.drop(a.lease)
 
-    def _progress(self, a: Attempt, new_tokens: int) -> tuple[Progress, str]:
-        return self.ledger.progress(a.dataset, a.sid, a.attempt, new_tokens, self.lease_ms)
+    def _progress(self, a: Attempt) -> tuple[Progress, str]:
+        return self.ledger.progress(a.dataset, a.sid, a.attempt, self.lease_ms)
 
     def _generate(self, a: Attempt) -> Outcome:
         spec = a.spec
@@ -172,6 +239,11 @@ class SampleRunner:
         last_error: SGLangError | None = None
         last_server: str | None = None
         conversation = Conversation.of(a.sample, spec, a.dataset)  # several replies (regenerate = "all")
+        if a.cap:  # the budget's reservation: the server itself stops the generation there
+            if conversation is not None:
+                conversation.cap = a.cap
+            else:
+                sampling["max_new_tokens"] = min(int(sampling.get("max_new_tokens") or a.cap), a.cap)
         problem = out_of_vocabulary(a.sample.get("input_ids"), spec.vocab_size)
         if problem:  # the producer rejects such lines; this guards a server from one that got through
             return self._fail(a, problem, 0)
@@ -182,24 +254,23 @@ class SampleRunner:
                 if try_no == spec.max_attempts:  # the last: no sooner than the minimum span (a restart)
                     wait_s = max(wait_s, first_try_at + spec.retry_min_span_s - time.monotonic())
                 self.sleep(wait_s)
-                verdict, state = self._progress(a, 0)
+                verdict, state = self._progress(a)
                 if verdict is not Progress.CONTINUE or a.lease.lost.is_set():
                     kept = conversation.kept_tokens if conversation else 0
                     return self._give_back(a, state, verdict, kept)
             live = 0
             stop: tuple[Progress, str] | None = None
+            a.lease.live = conversation.kept_tokens if conversation else 0
 
             def on_tokens(n: int) -> bool:
+                # No ledger call per chunk: the lease keeper reports the live count every few seconds,
+                # and stops (revoke, pause, a lowered budget) reach the stream by its rid
+                # (workers/stops.py).
                 nonlocal live, stop
                 live += n
+                a.lease.live += n
                 if a.lease.lost.is_set():
                     stop = (Progress.LOST, "")
-                    return False
-                verdict, state = self._progress(a, n)
-                if verdict is not Progress.CONTINUE:
-                    stop = (verdict, state)
-                    # The ledger told every worker process (Ledger.progress announces a stop): each
-                    # aborts its own requests of the dataset by rid (workers/stops.py).
                     return False
                 return True
 
@@ -225,10 +296,17 @@ class SampleRunner:
                     ) as server:
                         try:
                             self.client.set_auth(server, server_auth(spec.auth_of(server)))
+                            params = sampling
+                            if "stream_interval" not in spec.sampling:
+                                every = self.pacer.interval(
+                                    server, int(sampling.get("max_new_tokens") or 0), spec.stall_timeout_s
+                                )
+                                params = {**sampling, "stream_interval": every}
+                            started = time.monotonic()
                             gen = generate(
                                 server,
                                 rid=request.handle.rid,
-                                sampling_params=sampling,
+                                sampling_params=params,
                                 input_ids=a.sample.get("input_ids"),
                                 text=a.sample.get("text"),
                                 timeout_s=spec.timeout_s,
@@ -236,6 +314,8 @@ class SampleRunner:
                                 stop=request.handle,
                                 stall_timeout_s=spec.stall_timeout_s,
                             )
+                            if not gen.aborted and not gen.stopped_by_us:
+                                self.pacer.observe(server, gen.completion_tokens, time.monotonic() - started)
                         except (RequestRejected, ProtocolError) as e:
                             return self._fail(a, e.message, live)
                         except (Unauthorized, MissingKey) as e:
@@ -244,17 +324,15 @@ class SampleRunner:
                             log.error(
                                 "%s: no valid API key for %s here: %s", a.dataset, redact_url(server), e
                             )
-                            self._progress(a, -live)
                             kept = conversation.kept_tokens if conversation else 0
                             self.ledger.release(a.dataset, a.sid, a.attempt, "unauthorized", kept)
                             return Outcome("dropped", "unauthorized")
                         except ServerUnavailable as e:
                             last_error, last_server = e, server
-                            self._progress(a, -live)
                             log.warning("%s/%s attempt %d: %s", a.dataset, a.sid, try_no, e)
                             continue
                 except SlotWaitCancelled:
-                    verdict, state = self._progress(a, 0)
+                    verdict, state = self._progress(a)
                     kept = conversation.kept_tokens if conversation else 0
                     return self._give_back(a, state or request.handle.reason, verdict, kept)
             if stop is not None:
@@ -263,18 +341,28 @@ class SampleRunner:
             if gen.aborted:
                 # Aborted by a dataset-wide abort (budget reached, revoked) or by the server on its own
                 # (retraction, restart): the ledger tells which.
-                verdict, state = self._progress(a, 0)
+                verdict, state = self._progress(a)
                 if verdict is not Progress.CONTINUE or a.lease.lost.is_set():
                     return self._stopped(a, gen, verdict, state)
                 last_error = ServerUnavailable(
                     f"{redact_url(server)}: aborted by the server: {gen.finish_reason}"
                 )
                 last_server = server
-                self._progress(a, -live)
                 continue
-            return self._record(a, gen, truncated=False)
+            return self._record(a, gen, truncated=self._cut_by_reservation(a, gen))
         reason = f"gave up after {spec.max_attempts} attempts: {last_error.message if last_error else '?'}"
         return self._give_up(a, reason)
+
+    @staticmethod
+    def _cut_by_reservation(a: Attempt, gen: Generation) -> bool:
+        """Whether the budget's reservation, not the dataset's max_new_tokens, ended the generation."""
+        if not a.cap:
+            return False
+        if isinstance(gen, ConversationGeneration):
+            return gen.cut_by_cap
+        max_new = int(a.spec.sampling.get("max_new_tokens") or 0)
+        reason = gen.finish_reason or {}
+        return a.cap < max_new and reason.get("type") == "length" and gen.completion_tokens >= a.cap
 
     def _stopped(self, a: Attempt, gen: Generation, verdict: Progress, state: str) -> Outcome:
         """We cut the generation: the budget was reached, the dataset revoked or paused, or the lease
@@ -324,7 +412,9 @@ class SampleRunner:
             self.output_guard.block(a.dataset, a.folder, e)
             self.ledger.release(a.dataset, a.sid, a.attempt, "output_unwritable", gen.completion_tokens)
             return Outcome("dropped", f"output_unwritable: {e.reason}", gen.completion_tokens)
-        outcome = self.ledger.commit(a.dataset, a.sid, a.attempt, gen.completion_tokens, truncated)
+        outcome = self.committer.call(
+            a.dataset, CommitItem(a.sid, a.attempt, gen.completion_tokens, truncated)
+        )
         return Outcome(
             outcome.value, "truncated at the token budget" if truncated else "", gen.completion_tokens
         )

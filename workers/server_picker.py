@@ -33,7 +33,8 @@ import httpx
 import redis
 
 from budget import LedgerError
-from budget.server_board import ServerLedger, ServerOutcome
+from budget.server_board import Acquired, ServerLedger, ServerOutcome
+from workers.batching import CallBatcher
 from workers.sglang.client import ServerStalled
 from workers.sglang.protocol import HEALTH_PATH
 from workers.sglang.wire import tls_context
@@ -63,6 +64,9 @@ Prober = Callable[[str], tuple[bool, str]]
 
 #: ``caps`` of ``use``: one cap for every server, or one per server URL (None or absent: no cap).
 Caps = Mapping[str, int | None] | int | None
+
+#: What picks share one script call: the servers, their caps, and the server to avoid.
+PickKey = tuple[tuple[str, ...], tuple[int | None, ...], str | None]
 
 
 class SlotWaitCancelled(Exception):
@@ -104,6 +108,9 @@ class ServerPicker:
         self._prober: Prober = prober or self._health_probe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # This process's threads' picks and releases that come together share one script call each.
+        self._picks: CallBatcher[PickKey, str, Acquired] = CallBatcher("slot-picks", self._pick_batch)
+        self._releases: CallBatcher[str, str, int] = CallBatcher("slot-releases", self._release_batch)
 
     @contextmanager
     def use(
@@ -131,7 +138,7 @@ class ServerPicker:
             with self._lock:
                 self._held.pop(token, None)
             try:
-                ended_ms = self.board.release(server, token)
+                ended_ms = self._releases.call(server, token)
             except LedgerError as e:  # the slot expires on its own
                 log.warning("could not give back a slot on %s: %s", server, e)
                 ended_ms = 0
@@ -161,9 +168,7 @@ class ServerPicker:
             self._known.update(dict.fromkeys(servers, now))
         delay_s = WAIT_FIRST_S
         while True:
-            got = self.board.acquire(
-                servers, caps, token, self._lease_ms, avoid=avoid, first=random.randrange(len(servers))
-            )
+            got = self._picks.call((tuple(servers), tuple(caps), avoid), token)
             with self._lock:
                 self._dirty.difference_update(servers)
                 self._dirty.update(got.dirty)
@@ -178,6 +183,16 @@ class ServerPicker:
             delay_s = min(delay_s * 2, WAIT_MAX_S)
 
     # --- health ---------------------------------------------------------------------------------
+
+    def _release_batch(self, server: str, tokens: Sequence[str]) -> list[int]:
+        ended_ms = self.board.release_many(server, tokens)
+        return [ended_ms] * len(tokens)
+
+    def _pick_batch(self, key: PickKey, tokens: Sequence[str]) -> list[Acquired]:
+        servers, caps, avoid = key
+        return self.board.acquire_many(
+            servers, caps, tokens, self._lease_ms, avoid=avoid, first=random.randrange(len(servers))
+        )
 
     def _settle_previous(self, avoid: str | None, failure: BaseException | None) -> None:
         """Report how this thread's previous generation went, now that its outcome is known."""
@@ -249,10 +264,16 @@ class ServerPicker:
         self._thread.start()
 
     def _run(self) -> None:
-        tick_s = min(self._lease_ms / 4000, TICK_MAX_S)
+        # Probes are looked at every tick; slots are renewed every quarter lease, not every tick: a
+        # renewal costs Redis commands per slot, and a generation lasts many ticks.
+        renew_every_s = self._lease_ms / 4000
+        tick_s = min(renew_every_s, TICK_MAX_S)
+        next_renew = time.monotonic() + renew_every_s
         while not self._stop.wait(tick_s):
             try:
-                self._renew()
+                if time.monotonic() >= next_renew:
+                    next_renew = time.monotonic() + renew_every_s
+                    self._renew()
                 self._start_probes()
             except LedgerError as e:  # Redis away for a moment: try again next tick
                 log.warning("server slots: %s", e)

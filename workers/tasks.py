@@ -94,10 +94,9 @@ def group_pool() -> ThreadPoolExecutor:
 
 @app.task(name=GENERATE_GROUP_TASK, bind=True, acks_late=True, ignore_result=True)
 def generate_group(self: Task, dataset: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several samples of one dataset in one message (``samples_per_task``): run at once, each admitted,
-    leased, generated and committed on its own, as ``generate`` does for one."""
-    r = runner()
-    outcomes = list(group_pool().map(lambda sample: r.run(dataset, sample), samples))
+    """Several samples of one dataset in one message (``samples_per_task``): admitted in one ledger call,
+    then run at once, each leased, generated and committed on its own, as ``generate`` does for one."""
+    outcomes = runner().run_many(dataset, samples, mapper=group_pool().map)
     if all(o.outcome == "dropped" for o in outcomes):
         reasons = sorted({o.reason for o in outcomes})
         _report_dropped(self, ", ".join(reasons))

@@ -13,7 +13,6 @@ from pydantic import (
     ValidationError,
 )
 
-from budget import defaults
 from budget.urls import REDIS_URL_ENV
 from producer.source import SourceError, check_source
 from tokenfleet.config.errors import ConfigError
@@ -93,7 +92,6 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         sampling = copy.deepcopy(doc.sampling)
         sampling.update(copy.deepcopy(table.sampling))
         sampling.setdefault("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
-        sampling.setdefault("stream_interval", defaults.STREAM_INTERVAL)  # the effective sampling
         datasets.append(
             {
                 "name": table.name,

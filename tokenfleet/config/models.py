@@ -325,9 +325,10 @@ class FleetConfig(_Model):
     source_path: Path
     retry: RetryConfig = Field(default_factory=RetryConfig)
     fsync: FsyncPolicy = defaults.FSYNC
-    #: Samples per Celery message. 1 (the default) for long answers; a few (4-8) for short ones, where
-    #: the cost of a message weighs: a worker runs a message's samples at once, each on its own.
-    samples_per_task: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
+    #: Samples per Celery message; a worker runs a message's samples at once, each on its own. "auto"
+    #: (the default): sized at each publish from the servers' caps and the worker threads online
+    #: (``tokenfleet.publish.GroupSizer``).
+    samples_per_task: Annotated[int, Strict(), Field(ge=1, le=64)] | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> FleetConfig:
@@ -375,9 +376,10 @@ class _ConfigFile(_Model):
     dataset: list[_DatasetTable] = Field(min_length=1)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     fsync: FsyncPolicy = defaults.FSYNC
-    #: Samples per Celery message. 1 (the default) for long answers; a few (4-8) for short ones, where
-    #: the cost of a message weighs: a worker runs a message's samples at once, each on its own.
-    samples_per_task: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
+    #: Samples per Celery message; a worker runs a message's samples at once, each on its own. "auto"
+    #: (the default): sized at each publish from the servers' caps and the worker threads online
+    #: (``tokenfleet.publish.GroupSizer``).
+    samples_per_task: Annotated[int, Strict(), Field(ge=1, le=64)] | Literal["auto"] = "auto"
     tokenizer: NonEmptyStr | None = None
     format: Format = "auto"
     id_field: NonEmptyStr = DEFAULT_ID_FIELD

@@ -1,0 +1,472 @@
+"""What the fleet costs per sample and per token, against the simplest client that does the job.
+
+Every section runs the parts it compares one after the other in the same run, on a Redis server of its
+own (so its command and CPU counters are the fleet's alone), and prints medians and ratios:
+
+    python bench/scale.py fleet         # Redis commands and CPU, worker and server CPU, per token
+    python bench/scale.py ledger-only   # the ledger's ceiling: simulated streams, no HTTP
+    python bench/scale.py budgets       # server tokens against 50k and 10M budgets, 64 and 1,024 in flight
+    python bench/scale.py defaults      # the default worker command against the plain client, 64-1,024
+    python bench/scale.py all
+
+The plain client (the baseline of every ratio) is one asyncio process with httpx and N requests in flight
+against one server, not streamed, writing each answer's ids as JSONL (``bench/throughput.py``'s anchor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    CpuMeter,
+    child_pids,
+    machine,
+    median,
+    print_table,
+    sim_process,
+    sim_stats,
+)
+from bench.throughput import anchor, prompts
+from budget import CommitItem, DatasetLimits, Ledger
+from budget.server_board import ServerLedger
+from tests.support.files import write_config
+from tokenfleet.config import load_config
+from tokenfleet.processes import embedded_redis, start_worker, stop_process, wait_for_workers
+from tokenfleet.submit import run_submit
+from workers.rids import dataset_tag
+
+#: Output lengths of the workloads: lognormal around a mean (the issue's 400 and 2,000 tokens), or fixed.
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "mean400": {"sim": {"output_len_mean": 400, "output_len_sigma": 0.5}, "max_new_tokens": 4096},
+    "mean2000": {"sim": {"output_len_mean": 2000, "output_len_sigma": 0.3}, "max_new_tokens": 8192},
+    "short": {"sim": {"fixed_output_len": 7}, "max_new_tokens": 8},
+}
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+class RedisMeter:
+    """Commands processed and CPU seconds used by one Redis server between ``start`` and ``stop``."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+
+    def _now(self) -> dict[str, float]:
+        stats, cpu = self.client.info("stats"), self.client.info("cpu")
+        commands = {
+            k.removeprefix("cmdstat_"): float(v["calls"])
+            for k, v in self.client.info("commandstats").items()
+            if isinstance(v, dict)
+        }
+        return {
+            "commands": float(stats["total_commands_processed"]),
+            "cpu_s": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        } | {f"cmd:{k}": v for k, v in commands.items()}
+
+    def start(self) -> None:
+        self._before = self._now()
+
+    def stop(self) -> dict[str, float]:
+        after = self._now()
+        # the INFO calls of this meter are not the fleet's: 4 per reading
+        out = {k: after[k] - self._before.get(k, 0.0) for k in after}
+        out["commands"] -= 4
+        out["cmd:info"] = out.get("cmd:info", 0.0) - 4
+        return out
+
+
+def pids_matching(needle: str) -> list[int]:
+    return [pid for pid, cmd in child_pids().items() if needle in cmd]
+
+
+@contextmanager
+def workers(redis_url: str, processes: int, concurrency: int | None, logs: Path) -> Iterator[list[int]]:
+    """Worker processes (``concurrency`` None: the default command, sizing itself); yields their pids."""
+    logs.mkdir(parents=True, exist_ok=True)
+    names = [f"scale{i}-{os.getpid()}-{uuid.uuid4().hex[:4]}" for i in range(processes)]
+    procs = []
+    for n in names:
+        if concurrency is None:
+            argv = [sys.executable, "-m", "tokenfleet.cli", "worker", "--loglevel=WARNING", f"--name={n}"]
+            env = dict(os.environ) | {"TOKENFLEET_REDIS_URL": redis_url}
+            with (logs / f"{n}.log").open("ab") as out:
+                procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
+        else:
+            procs.append(start_worker(redis_url, concurrency=concurrency, name=n, log_path=logs / f"{n}.log"))
+    try:
+        wait_for_workers(redis_url, names)
+        time.sleep(0.5)  # a self-sizing worker may start its own child processes
+        yield pids_matching("tokenfleet.cli worker") + pids_matching("celeryd")
+    finally:
+        for p in procs:
+            stop_process(p)
+
+
+def run_fleet(
+    url: str,
+    redis_url: str,
+    rows: list[list[int]],
+    max_new_tokens: int,
+    folder: Path,
+    *,
+    token_budget: int | None = None,
+    extra: str = "",
+) -> tuple[str, dict[str, float]]:
+    name = f"scale_{uuid.uuid4().hex[:8]}"
+    dataset: dict[str, Any] = {"name": name, "rows": [{"input_ids": r} for r in rows]}
+    if token_budget is not None:
+        dataset |= {"token_budget": token_budget, "on_budget": "truncate"}
+    config = write_config(
+        folder,
+        redis_url=redis_url,
+        servers=[url],
+        datasets=[dataset],
+        sampling={"max_new_tokens": max_new_tokens, "temperature": 0.7},
+    )
+    config.write_text(config.read_text().replace('output_dir = "out"', f'output_dir = "out"\n{extra}'))
+    cfg = load_config(config, env={})
+    started = time.monotonic()
+    with open(os.devnull, "w") as devnull:
+        run_submit(cfg, Console(file=devnull), server_check=True)
+    elapsed = time.monotonic() - started
+    snap = Ledger.from_url(redis_url).snapshot(name)
+    return name, {"tokens": snap.tokens, "samples": snap.samples, "elapsed_s": elapsed}
+
+
+# --- fleet: per-sample and per-token costs ----------------------------------------------------------
+
+
+def section_fleet(args: argparse.Namespace) -> list[str]:
+    out = []
+    for workload in args.workloads:
+        w = WORKLOADS[workload]
+        n = args.requests or max(200, int(600_000 / max(8, w["sim"].get("output_len_mean", 8))))
+        results: dict[str, list[dict[str, float]]] = {"anchor": [], "fleet": []}
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            embedded_redis(Path(tmp) / "redis") as redis_url,
+            sim_process(step_time_s=args.step_time_s, max_running_requests=args.inflight, **w["sim"]) as url,
+            workers(redis_url, args.processes, None, Path(tmp) / "logs") as worker_pids,
+        ):
+            sim_pids = pids_matching("tokenfleet.sim")
+            rmeter = RedisMeter(redis_url)
+            cpu = CpuMeter({"this": [os.getpid()], "workers": worker_pids, "sim": sim_pids})
+            for i in range(args.repeats):
+                rows = prompts(n, seed=300 + i)
+                cpu.start()
+                a = asyncio.run(anchor(url, rows, args.inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl"))
+                c = cpu.stop()
+                tokens = a["tokens_per_s"] * a["elapsed_s"]
+                results["anchor"].append(
+                    {
+                        "tokens_per_s": a["tokens_per_s"],
+                        "client_cpu_per_m": c["this"] / tokens * 1e6,
+                        "sim_cpu_per_m": c["sim"] / tokens * 1e6,
+                    }
+                )
+                cpu.start()
+                rmeter.start()
+                _, f = run_fleet(url, redis_url, rows, w["max_new_tokens"], Path(tmp) / f"f{i}", extra=args.extra)
+                r, c = rmeter.stop(), cpu.stop()
+                results["fleet"].append(
+                    {
+                        "tokens_per_s": f["tokens"] / f["elapsed_s"],
+                        "commands_per_sample": r["commands"] / f["samples"],
+                        "redis_cpu_per_m": r["cpu_s"] / f["tokens"] * 1e6,
+                        "client_cpu_per_m": (c["workers"] + c["this"]) / f["tokens"] * 1e6,
+                        "sim_cpu_per_m": c["sim"] / f["tokens"] * 1e6,
+                    }
+                    | {k: v / f["samples"] for k, v in r.items() if k.startswith("cmd:")}
+                )
+                print(
+                    f"  {workload} run {i + 1}: anchor {a['tokens_per_s']:,.0f} tok/s, fleet "
+                    f"{results['fleet'][-1]['tokens_per_s']:,.0f} tok/s, "
+                    f"{results['fleet'][-1]['commands_per_sample']:.1f} commands/sample",
+                    file=sys.stderr,
+                )
+
+        def med(who: str, key: str) -> float:
+            return median([r.get(key, 0.0) for r in results[who]])
+
+        rows_out = [
+            ["Redis commands per sample", "", f"{med('fleet', 'commands_per_sample'):.1f}", "goal <= 20"],
+            ["Redis CPU s per 1M tokens", "", f"{med('fleet', 'redis_cpu_per_m'):.2f}", "goal <= 1"],
+            [
+                "client CPU s per 1M tokens (fleet: workers + producer)",
+                f"{med('anchor', 'client_cpu_per_m'):.1f}",
+                f"{med('fleet', 'client_cpu_per_m'):.1f}",
+                f"{med('fleet', 'client_cpu_per_m') / med('anchor', 'client_cpu_per_m'):.2f}x (goal <= 2)",
+            ],
+            [
+                "server CPU s per 1M tokens (fleet streams, anchor does not)",
+                f"{med('anchor', 'sim_cpu_per_m'):.1f}",
+                f"{med('fleet', 'sim_cpu_per_m'):.1f}",
+                f"{med('fleet', 'sim_cpu_per_m') / med('anchor', 'sim_cpu_per_m'):.2f}x (goal <= 1.5)",
+            ],
+            [
+                "tokens/s",
+                f"{med('anchor', 'tokens_per_s'):,.0f}",
+                f"{med('fleet', 'tokens_per_s'):,.0f}",
+                f"{med('fleet', 'tokens_per_s') / med('anchor', 'tokens_per_s'):.2f}x",
+            ],
+        ]
+        print(
+            f"\n{workload}: {n} requests, {args.inflight} in flight, default worker command x "
+            f"{args.processes}, medians of {args.repeats} runs {args.extra}\n"
+        )
+        out.append(print_table(["per", "plain client", "fleet", "ratio / goal"], rows_out))
+        keys = sorted({k for r in results["fleet"] for k in r if k.startswith("cmd:")}, key=lambda k: -med("fleet", k))
+        print("\nRedis commands per sample, by command (medians):\n")
+        out.append(print_table(["command", "per sample"], [[k[4:], f"{med('fleet', k):.2f}"] for k in keys[:14]]))
+    return out
+
+
+# --- ledger-only: the ceiling of one Redis core -----------------------------------------------------
+
+
+def _load_generator(
+    redis_url: str, name: str, streams: int, group: int, mean: int, max_new: int, server: str, seed: int
+) -> dict[str, int]:
+    """One process: ``streams`` simulated generations in flight against the real ledger code (group
+    admission, a server slot each, live reports, batched commits), with no HTTP and no sleeping: each
+    generation is done as soon as it is admitted, so Redis sees the fleet's calls as fast as they come."""
+    ledger = Ledger.from_url(redis_url)
+    board = ServerLedger(ledger.client)
+    rng = random.Random(seed)
+    generated = committed = samples = groups = 0
+    inflight: list[tuple[str, str, int]] = []
+    next_id = 0
+    stop = False
+    while not stop or inflight:
+        if not stop and len(inflight) < streams:
+            asks = []
+            for _ in range(group):
+                next_id += 1
+                asks.append((f"{seed}-{next_id}", uuid.uuid4().hex[:16], 0))
+            admitted = ledger.admit_many(name, asks, 60_000)
+            groups += 1
+            got = 0
+            for (sid, attempt, _), (verdict, cap) in zip(asks, admitted.results, strict=True):
+                if verdict.value == "ok":
+                    got += 1
+                    want = min(max_new, max(1, int(rng.lognormvariate(math.log(mean) - 0.125, 0.5))))
+                    inflight.append((sid, attempt, min(want, cap) if cap else want))
+            if got == 0:
+                stop = admitted.state != "active" or not inflight
+                if not inflight:
+                    break
+        # a report of every lease (as the lease keeper does every 2 s) once per round of the streams
+        if inflight and next_id % streams < group:
+            ledger.renew_many(name, [(s, a, n // 2) for s, a, n in inflight], 60_000)
+        # the oldest group finishes: its slots were picked together and are given back together (as a
+        # worker process's batched picks and releases), then one batched commit
+        done, inflight = inflight[:group], inflight[group:]
+        tokens = [f"lg:{sid}" for sid, _, _ in done]
+        if tokens:
+            board.acquire_many([server], [None], tokens, 60_000)
+            board.release_many(server, tokens)
+        outcomes = ledger.commit_many(name, [CommitItem(s, a, n, False) for s, a, n in done])
+        for (_, _, n), o in zip(done, outcomes, strict=True):
+            generated += n
+            if o.value == "committed":
+                committed += n
+                samples += 1
+    return {"generated": generated, "committed": committed, "samples": samples, "groups": groups}
+
+
+def section_ledger_only(args: argparse.Namespace) -> list[str]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, embedded_redis(Path(tmp) / "redis") as redis_url:
+        ledger = Ledger.from_url(redis_url)
+        rmeter = RedisMeter(redis_url)
+        for budget in args.ledger_budgets:
+            for inflight in args.ledger_inflight:
+                name = f"lg_{uuid.uuid4().hex[:6]}"
+                ledger.register(
+                    name,
+                    DatasetLimits(token_budget=budget, on_budget="truncate"),
+                    {"sampling": {"max_new_tokens": 2048}, "servers": ["http://sim"]},
+                )
+                procs = args.generators
+                rmeter.start()
+                started = time.monotonic()
+                with multiprocessing.get_context("spawn").Pool(procs) as pool:
+                    parts = pool.starmap(
+                        _load_generator,
+                        [
+                            (redis_url, name, max(16, inflight // procs), 16, 400, 2048, "http://sim", s)
+                            for s in range(procs)
+                        ],
+                    )
+                elapsed = time.monotonic() - started
+                r = rmeter.stop()
+                snap = ledger.snapshot(name)
+                generated = sum(p["generated"] for p in parts)
+                exact = snap.tokens == generated <= budget and snap.reserved_tokens == 0 and not snap.inflight
+                per_m = r["cpu_s"] / snap.tokens * 1e6
+                rows.append(
+                    [
+                        f"{budget:,}",
+                        inflight,
+                        f"{snap.samples:,}",
+                        f"{r['commands'] / snap.samples:.1f}",
+                        f"{per_m:.3f}",
+                        f"{1e6 / per_m:,.0f}",
+                        f"{snap.tokens / elapsed:,.0f}",
+                        f"{generated / budget:.4f}x" + (" exact" if exact else " NOT EXACT"),
+                    ]
+                )
+                print(f"  ledger-only {budget:,} / {inflight}: {rows[-1]}", file=sys.stderr)
+    print(
+        f"\nledger-only: {args.generators} load-generator processes, groups of 16, mean 400 tokens, "
+        "with a server slot per sample; the ceiling is tokens per second of Redis CPU\n"
+    )
+    return [
+        print_table(
+            [
+                "budget",
+                "in flight",
+                "samples",
+                "commands/sample",
+                "Redis CPU s / 1M tok",
+                "ceiling tok/s per Redis core",
+                "achieved tok/s here",
+                "generated / budget",
+            ],
+            rows,
+        )
+    ]
+
+
+# --- budgets: server tokens against the budget, with the real workers and the simulator ------------------
+
+
+def section_budgets(args: argparse.Namespace) -> list[str]:
+    rows = []
+    for budget in args.budgets:
+        for inflight in args.budget_inflight:
+            with (
+                tempfile.TemporaryDirectory() as tmp,
+                embedded_redis(Path(tmp) / "redis") as redis_url,
+                sim_process(
+                    step_time_s=args.step_time_s, max_running_requests=inflight, output_len_mean=400, output_len_sigma=0.5
+                ) as url,
+                workers(redis_url, args.processes, None, Path(tmp) / "logs"),
+            ):
+                n = int(budget / 400 * 1.6) + inflight
+                name, f = run_fleet(url, redis_url, prompts(n, seed=7), 2048, Path(tmp) / "f", token_budget=budget)
+                server = int(sim_stats(url)["by_prefix"].get(dataset_tag(name), 0))
+                snap = Ledger.from_url(redis_url).snapshot(name)
+                rows.append(
+                    [
+                        f"{budget:,}",
+                        inflight,
+                        f"{server:,}",
+                        f"{server / budget:.4f}x",
+                        f"{(server - snap.tokens) / budget:.2%}",
+                        f"{snap.truncated}",
+                        f"{f['elapsed_s']:.0f} s",
+                    ]
+                )
+                print(f"  budget {budget:,} / {inflight}: {rows[-1]}", file=sys.stderr)
+    print("\nbudgets (truncate), server tokens counted by the simulator per dataset:\n")
+    return [
+        print_table(
+            ["budget", "in flight", "server tokens", "server / budget (goal <= 1.02)", "waste (goal <= 2%)", "truncated", "run"],
+            rows,
+        )
+    ]
+
+
+# --- defaults: the default worker command against the plain client -----------------------------------
+
+
+def section_defaults(args: argparse.Namespace) -> list[str]:
+    rows = []
+    for workload in ("mean400", "short"):
+        w = WORKLOADS[workload]
+        for inflight in args.default_inflight:
+            n = max(4 * inflight, 600 if workload == "mean400" else 6000)
+            with (
+                tempfile.TemporaryDirectory() as tmp,
+                embedded_redis(Path(tmp) / "redis") as redis_url,
+                sim_process(step_time_s=args.step_time_s, max_running_requests=inflight, **w["sim"]) as url,
+                workers(redis_url, 1, None, Path(tmp) / "logs"),
+            ):
+                ratios, a_tps, f_tps = [], [], []
+                for i in range(args.repeats):
+                    rows_in = prompts(n, seed=500 + i)
+                    a = asyncio.run(anchor(url, rows_in, inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl"))
+                    _, f = run_fleet(url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}")
+                    fleet_tps = f["tokens"] / f["elapsed_s"]
+                    a_tps.append(a["tokens_per_s"])
+                    f_tps.append(fleet_tps)
+                    ratios.append(fleet_tps / a["tokens_per_s"])
+                    print(f"  defaults {workload} {inflight}: {fleet_tps / a['tokens_per_s']:.3f}", file=sys.stderr)
+                rows.append(
+                    [workload, inflight, f"{median(a_tps):,.0f}", f"{median(f_tps):,.0f}", f"{median(ratios):.3f}"]
+                )
+    print(f"\ndefaults: one `tokenfleet worker` with no options, medians of {args.repeats} paired runs\n")
+    return [
+        print_table(["workload", "in flight (server cap)", "plain client tok/s", "fleet tok/s", "ratio (goal >= 0.95)"], rows)
+    ]
+
+
+SECTIONS = {
+    "fleet": section_fleet,
+    "ledger-only": section_ledger_only,
+    "budgets": section_budgets,
+    "defaults": section_defaults,
+}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("section", choices=[*SECTIONS, "all"])
+    p.add_argument("--workloads", nargs="+", default=["mean400", "mean2000"], choices=list(WORKLOADS))
+    p.add_argument("--inflight", type=int, default=256, help="fleet: requests in flight (the server's cap)")
+    p.add_argument("--requests", type=int, default=0, help="fleet: requests per run (default: ~600k tokens)")
+    p.add_argument("--processes", type=int, default=1, help="worker commands started (default worker command)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--step-time-s", type=float, default=0.02)
+    p.add_argument("--extra", default="", help="fleet: extra top-level config lines (e.g. samples_per_task = 1)")
+    p.add_argument("--generators", type=int, default=2, help="ledger-only: load generator processes")
+    p.add_argument("--ledger-budgets", type=int, nargs="+", default=[10_000_000])
+    p.add_argument("--ledger-inflight", type=int, nargs="+", default=[64, 1024])
+    p.add_argument("--budgets", type=int, nargs="+", default=[50_000, 10_000_000])
+    p.add_argument("--budget-inflight", type=int, nargs="+", default=[64, 1024])
+    p.add_argument("--default-inflight", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    print(f"machine: {machine()}", file=sys.stderr)
+    tables: dict[str, list[str]] = {}
+    for name in SECTIONS if args.section == "all" else [args.section]:
+        tables[name] = SECTIONS[name](args)
+    if args.json:
+        args.json.write_text(json.dumps(tables, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
