@@ -30,14 +30,14 @@ local is_done = redis.call('HMGET', done, unpack(sids))
 local is_failed = redis.call('HMGET', failed, unpack(sids))
 local leased = redis.call('ZMSCORE', leases, unpack(sids))
 
-local budget, mode, left = nil, nil, 0
+local budget, mode, left, drain = nil, nil, 0, nil
 local max, taken = nil, 0
 if state == 'active' then
   budget = limit(ledger, 'token_budget')
   if budget then
     mode = redis.call('HGET', ledger, 'on_budget')
     if mode == 'drain' then
-      if drain_blocked(ledger, leases, budget) then left = -1 end
+      drain = drain_figures(ledger, leases)
     else
       left = budget - spent(ledger) - num(ledger, 'reserved_tokens')
     end
@@ -63,8 +63,9 @@ for i = 1, n do
     verdict = state
   elseif max and taken >= max then
     verdict = 'limit'
-  elseif budget and mode == 'drain' then
-    if left < 0 then verdict = 'limit' end
+  elseif drain then
+    -- each generation admitted before it in this group runs too (as if admitted one at a time)
+    if drain_full(drain, drain[4] + #ok_sids, budget) then verdict = 'limit' end
   elseif budget then
     cap = reservation(mode, left, want)
     if cap <= 0 then verdict = 'limit' else left = left - cap end
