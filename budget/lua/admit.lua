@@ -46,12 +46,14 @@ if state == 'active' then
   if max then taken = num(ledger, 'samples') + redis.call('ZCARD', leases) end
 end
 
+-- read once for the group: a command per sample would make the call's cost grow with the group
+local default_want = math.max(1, num(ledger, 'max_new_tokens'))
 local out = {state, ''}
 local back, ok_sids, lease_args, owner_args, reserve_args, seen = {}, {}, {}, {}, {}, {}
 local reserved_now = 0
 for i = 1, n do
   local sid, attempt, want = sids[i], ARGV[3 * i], tonumber(ARGV[3 * i + 1]) or 0
-  if want <= 0 then want = math.max(1, num(ledger, 'max_new_tokens')) end
+  if want <= 0 then want = default_want end
   local verdict, cap = 'ok', 0
   if is_done[i] then
     verdict = 'done'
