@@ -84,7 +84,7 @@ def owner(redis_client: redis.Redis, sid: str, name: str = DS) -> str | None:
 
 def reservations(redis_client: redis.Redis, name: str = DS) -> dict[str, int]:
     """Each in-flight sample's reservation (the reserved hash)."""
-    return {sid: int(n) for sid, n in redis_client.hgetall(keys(name).reserved_hash).items()}
+    return {str(sid): int(n) for sid, n in redis_client.hgetall(keys(name).reserved_hash).items()}
 
 
 def budget_taken(redis_client: redis.Redis, name: str = DS) -> int:
