@@ -69,18 +69,27 @@ local function reservation(mode, left, want)
   return math.min(want, left)
 end
 
--- drain only: whether starting one more generation could not fit in the budget, with what the running
--- ones are still expected to produce (this dataset's mean committed length, less what they produced).
-local function drain_blocked(ledger, leases, budget)
-  local live = num(ledger, 'live_tokens')
-  local committed = spent(ledger)
-  local expected = 0
+-- drain only: what the expected rule reads, {committed, live, mean committed length, in flight}.
+local function drain_figures(ledger, leases)
   local samples = num(ledger, 'samples')
-  local inflight = redis.call('ZCARD', leases)
-  if samples > 0 and inflight > 0 then
-    expected = math.max(0, inflight * (num(ledger, 'tokens') / samples) - live)
-  end
+  local mean = 0
+  if samples > 0 then mean = num(ledger, 'tokens') / samples end
+  return {spent(ledger), num(ledger, 'live_tokens'), mean, redis.call('ZCARD', leases)}
+end
+
+-- drain only: whether starting one more generation could not fit in the budget, with what the running
+-- ones (``inflight`` of them) are still expected to produce (the mean committed length each, less what
+-- they produced). admit passes the generations its group admitted so far in ``inflight``.
+local function drain_full(figures, inflight, budget)
+  local committed, live, mean = figures[1], figures[2], figures[3]
+  local expected = 0
+  if mean > 0 and inflight > 0 then expected = math.max(0, inflight * mean - live) end
   return committed + live + expected >= budget
+end
+
+local function drain_blocked(ledger, leases, budget)
+  local figures = drain_figures(ledger, leases)
+  return drain_full(figures, figures[4], budget)
 end
 
 -- Whether no generation may start now for the token budget (enqueue asks before publishing).

@@ -30,14 +30,14 @@ local is_done = redis.call('HMGET', done, unpack(sids))
 local is_failed = redis.call('HMGET', failed, unpack(sids))
 local leased = redis.call('ZMSCORE', leases, unpack(sids))
 
-local budget, mode, left = nil, nil, 0
+local budget, mode, left, drain = nil, nil, 0, nil
 local max, taken = nil, 0
 if state == 'active' then
   budget = limit(ledger, 'token_budget')
   if budget then
     mode = redis.call('HGET', ledger, 'on_budget')
     if mode == 'drain' then
-      if drain_blocked(ledger, leases, budget) then left = -1 end
+      drain = drain_figures(ledger, leases)
     else
       left = budget - spent(ledger) - num(ledger, 'reserved_tokens')
     end
@@ -46,12 +46,14 @@ if state == 'active' then
   if max then taken = num(ledger, 'samples') + redis.call('ZCARD', leases) end
 end
 
+-- read once for the group: a command per sample would make the call's cost grow with the group
+local default_want = math.max(1, num(ledger, 'max_new_tokens'))
 local out = {state, ''}
 local back, ok_sids, lease_args, owner_args, reserve_args, seen = {}, {}, {}, {}, {}, {}
 local reserved_now = 0
 for i = 1, n do
   local sid, attempt, want = sids[i], ARGV[3 * i], tonumber(ARGV[3 * i + 1]) or 0
-  if want <= 0 then want = math.max(1, num(ledger, 'max_new_tokens')) end
+  if want <= 0 then want = default_want end
   local verdict, cap = 'ok', 0
   if is_done[i] then
     verdict = 'done'
@@ -63,8 +65,9 @@ for i = 1, n do
     verdict = state
   elseif max and taken >= max then
     verdict = 'limit'
-  elseif budget and mode == 'drain' then
-    if left < 0 then verdict = 'limit' end
+  elseif drain then
+    -- each generation admitted before it in this group runs too (as if admitted one at a time)
+    if drain_full(drain, drain[4] + #ok_sids, budget) then verdict = 'limit' end
   elseif budget then
     cap = reservation(mode, left, want)
     if cap <= 0 then verdict = 'limit' else left = left - cap end

@@ -26,14 +26,16 @@ local state, max = f[1], tonumber(f[2] or '')
 local tokens, samples, truncated = tonumber(f[3]) or 0, tonumber(f[4]) or 0, tonumber(f[5]) or 0
 local live_tokens, reserved_tokens, wasted = tonumber(f[6]) or 0, tonumber(f[7]) or 0, tonumber(f[8]) or 0
 
-local dropped, done_args, committed_sids, back, committed_here = {}, {}, {}, {}, {}
+local dropped, done_args, committed_sids, back, committed_here, dropped_here = {}, {}, {}, {}, {}, {}
 local new_tokens, new_samples = 0, 0
 out[1] = state
 for i = 1, n do
   local sid, attempt, k, cut = sids[i], ARGV[4 * i - 2], tonumber(ARGV[4 * i - 1]), ARGV[4 * i]
   local generated = k
-  if owner[i] == attempt then
-    -- the tokens not reported live yet count as generated now; the reservation is given back
+  if owner[i] == attempt and not dropped_here[sid] then
+    -- the tokens not reported live yet count as generated now; the reservation is given back (once: a
+    -- sid listed twice in the batch must not give back its lease's live tokens and reservation twice)
+    dropped_here[sid] = true
     local was_live = tonumber(live_of[i]) or 0
     generated = k - was_live
     live_tokens = live_tokens - was_live

@@ -13,12 +13,19 @@ local owner = redis.call('HMGET', owners, unpack(sids))
 local was = redis.call('HMGET', live, unpack(sids))
 local expiry = now_ms() + lease_ms
 local out, lease_args, live_args = {}, {}, {}
-local delta = 0
+-- delta: how the dataset's live tokens move; gained: tokens generated since the last report, for the rate
+-- (a sample whose count went down, a try taken back for a retry, takes nothing off another's gain).
+-- last: each sample's live tokens as this call leaves them (a sid listed twice counts from its last value)
+local delta, gained, last = 0, 0, {}
 for i = 1, n do
   if owner[i] == ARGV[3 * i] then
     local now_live = tonumber(ARGV[3 * i + 1])
     if now_live then
-      delta = delta + now_live - (tonumber(was[i]) or 0)
+      local before = last[sids[i]]
+      if before == nil then before = tonumber(was[i]) or 0 end
+      delta = delta + now_live - before
+      gained = gained + math.max(0, now_live - before)
+      last[sids[i]] = now_live
       live_args[#live_args + 1] = sids[i]
       live_args[#live_args + 1] = now_live
     end
@@ -33,6 +40,6 @@ if #lease_args > 0 then
   redis.call('ZADD', leases, 'XX', unpack(lease_args))
   if #live_args > 0 then redis.call('HSET', live, unpack(live_args)) end
   if delta ~= 0 then redis.call('HINCRBY', ledger, 'live_tokens', delta) end
-  rate_add(rate_tokens, delta)
+  rate_add(rate_tokens, gained)
 end
 return out

@@ -16,6 +16,7 @@ import redis
 
 from budget import (
     Admission,
+    CommitItem,
     DatasetLimits,
     DatasetSnapshot,
     DatasetState,
@@ -24,7 +25,7 @@ from budget import (
     UnknownDataset,
 )
 from budget.keys import DATASETS_SET, dataset_keys
-from tests.support.ledger import DS, SPEC, commit_new, make
+from tests.support.ledger import DS, MAX_NEW, SPEC, commit_new, lease, make
 
 pytestmark = pytest.mark.redis
 
@@ -45,10 +46,20 @@ def test_register_creates_an_active_dataset_with_zero_counters_and_its_spec(ledg
         0,
         0,
     )
-    assert (snap.queued, snap.inflight, snap.pending, snap.failed) == (0, 0, 0, 0)
+    assert (snap.queued, snap.inflight, snap.pending, snap.failed, snap.reserved_tokens) == (0, 0, 0, 0, 0)
     assert snap.source_done is False
     assert ledger.spec(DS) == SPEC
     assert ledger.datasets() == [DS]
+
+
+def test_register_stores_the_specs_max_new_tokens_for_admits_that_want_the_default(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+    assert lease(ledger, "s1") == MAX_NEW
+
+    make(ledger, token_budget=1000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 10}})
+
+    assert lease(ledger, "s2") == 10
+    assert ledger.snapshot(DS).reserved_tokens == MAX_NEW + 10  # s1's reservation is kept
 
 
 def test_register_without_limits_stores_none_for_both(ledger: Ledger) -> None:
@@ -415,14 +426,14 @@ def test_a_revoked_dataset_with_nothing_in_flight_is_settled_in_redis(ledger: Le
 def test_forget_deletes_every_key_of_the_dataset_and_only_that_one(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger)
+    make(ledger, token_budget=10_000)  # a budget: s3's admit reserves tokens
     make(ledger, "other")
     commit_new(ledger, "s1", 4)
     commit_new(ledger, "s1", 4, name="other")
     ledger.fail(DS, "s2", "a", "bad")
     ledger.enqueue(DS, ["s3", "s4"], window=10)
     ledger.admit(DS, "s3", "a")
-    ledger.progress(DS, "s3", "a", 2)
+    ledger.renew_many(DS, [("s3", "a", 2)])
     ledger.unqueue(DS, ["s4"], "publish failed")
     ledger.set_identity(DS, epoch="e1")
     ledger.set_source_digest(DS, "digest")
@@ -477,8 +488,11 @@ UNREACHABLE = "redis://127.0.0.1:1/0"
         lambda lg: lg.set_limits(DS, token_budget=1),
         lambda lg: lg.enqueue(DS, ["s1"], 4),
         lambda lg: lg.admit(DS, "s1", "a"),
-        lambda lg: lg.progress(DS, "s1", "a", 3),
+        lambda lg: lg.progress(DS, "s1", "a"),
+        lambda lg: lg.renew_many(DS, [("s1", "a", 3)]),
         lambda lg: lg.commit(DS, "s1", "a", 3),
+        lambda lg: lg.commit_many(DS, [CommitItem("s1", "a", 3)]),
+        lambda lg: lg.admit_many(DS, [("s1", "a", 0)]),
         lambda lg: lg.reclaim(DS),
         lambda lg: lg.snapshot(DS),
         lambda lg: lg.done_attempts(DS),
@@ -492,7 +506,10 @@ UNREACHABLE = "redis://127.0.0.1:1/0"
         "enqueue",
         "admit",
         "progress",
+        "renew_many",
         "commit",
+        "commit_many",
+        "admit_many",
         "reclaim",
         "snapshot",
         "done_attempts",

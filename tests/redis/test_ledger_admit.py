@@ -14,6 +14,7 @@ from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
 from tests.support.ledger import (
     DS,
     EXPIRE_S,
+    MAX_NEW,
     SHORT_MS,
     SPEC,
     commit_new,
@@ -22,6 +23,8 @@ from tests.support.ledger import (
     owner,
     pending,
     progress,
+    report_live,
+    reservations,
 )
 
 pytestmark = pytest.mark.redis
@@ -81,41 +84,6 @@ def test_admit_drops_the_sample_into_pending_when_the_dataset_is_exhausted(
 
     assert (result.admission, result.state) == (Admission.EXHAUSTED, DatasetState.EXHAUSTED)
     assert pending(redis_client) == {"s1": "exhausted"}
-
-
-def test_admit_says_limit_when_live_tokens_take_the_rest_of_the_budget(
-    ledger: Ledger, redis_client: redis.Redis
-) -> None:
-    make(ledger, token_budget=100)
-    commit_new(ledger, "s0", 10)  # mean length 10: in-flight s1 is past it, so nothing more is expected
-    lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 79)
-    lease(ledger, "s2")  # 10 + 79 < 100
-
-    progress(ledger, "s1", "a1", 11)  # 10 + 90 = 100
-    result = ledger.admit(DS, "s3", "a1")
-
-    assert (result.admission, result.state) == (Admission.LIMIT, DatasetState.ACTIVE)
-    assert pending(redis_client) == {"s3": "limit"}
-
-
-def test_admit_says_limit_when_running_generations_are_expected_to_fill_the_budget(
-    ledger: Ledger, redis_client: redis.Redis
-) -> None:
-    make(ledger, token_budget=100)
-    commit_new(ledger, "s0", 30)  # mean committed length: 30
-    lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 5)
-    lease(ledger, "s2")  # 30 committed + 5 live + 25 expected of s1 = 60 < 100
-
-    # 30 + 5 live + (2 running x 30 - 5 live) expected = 90 < 100: one more fits
-    lease(ledger, "s3")
-    # 30 + 5 + (3 x 30 - 5) = 120 >= 100: a fourth would be prefilled only to be cut
-    result = ledger.admit(DS, "s4", "a1")
-
-    assert result.admission is Admission.LIMIT
-    assert ledger.snapshot(DS).tokens + ledger.snapshot(DS).live_tokens < 100
-    assert pending(redis_client) == {"s4": "limit"}
 
 
 def test_admit_says_limit_when_committed_plus_in_flight_samples_reach_max_samples(
@@ -189,7 +157,7 @@ def test_admit_of_a_second_delivery_says_leased_and_keeps_the_first_lease(
 def test_admit_reclaims_expired_leases_before_deciding(ledger: Ledger, redis_client: redis.Redis) -> None:
     make(ledger, max_samples=1)
     lease(ledger, "s1", "dead", lease_ms=SHORT_MS)
-    progress(ledger, "s1", "dead", 7, lease_ms=SHORT_MS)
+    report_live(ledger, "s1", "dead", 7, lease_ms=SHORT_MS)
     assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
     time.sleep(EXPIRE_S)
 
@@ -227,101 +195,310 @@ def test_a_redelivered_sample_whose_lease_expired_is_admitted_for_the_new_attemp
     assert ledger.snapshot(DS).reclaimed == 1
 
 
+# --- admit under a token budget: reservations ---------------------------------------------------------
+
+
+def test_admit_under_truncate_reserves_min_of_want_and_what_is_left_and_the_last_one_a_partial_cap(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=100)
+    commit_new(ledger, "s0", 10)
+
+    first = ledger.admit(DS, "s1", "a1")  # want 0: the dataset's max_new_tokens
+    second = ledger.admit(DS, "s2", "a1")  # 100 - 10 committed - 64 reserved = 26 left
+    third = ledger.admit(DS, "s3", "a1")
+
+    assert (first.admission, first.cap) == (Admission.OK, MAX_NEW)
+    assert (second.admission, second.cap) == (Admission.OK, 26)
+    assert (third.admission, third.cap, third.state) == (Admission.LIMIT, 0, DatasetState.ACTIVE)
+    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": 26}
+    assert pending(redis_client) == {"s3": "limit"}
+    snap = ledger.snapshot(DS)
+    assert (snap.tokens, snap.reserved_tokens, snap.state) == (10, 90, DatasetState.ACTIVE)
+
+
+def test_admit_under_truncate_reserves_what_is_wanted_when_it_fits(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+
+    # a conversation that regenerates three replies may want three times max_new_tokens
+    assert lease(ledger, "s1", want=3 * MAX_NEW) == 3 * MAX_NEW
+    assert lease(ledger, "s2", want=5) == 5
+
+    assert ledger.snapshot(DS).reserved_tokens == 3 * MAX_NEW + 5
+
+
+def test_admit_under_discard_reserves_what_is_wanted_whole_or_says_limit(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=150, on_budget="discard")
+
+    assert lease(ledger, "s1") == MAX_NEW
+    assert lease(ledger, "s2") == MAX_NEW
+    # 22 left: never a partial reservation, whose answer would be cut
+    cut = ledger.admit(DS, "s3", "a1")
+    assert (cut.admission, cut.cap) == (Admission.LIMIT, 0)
+    assert lease(ledger, "s4", want=22) == 22  # a generation that wants no more than is left still fits
+
+    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": MAX_NEW, "s4": 22}
+    assert pending(redis_client) == {"s3": "limit"}
+    assert ledger.snapshot(DS).reserved_tokens == 150
+
+
+def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_client: redis.Redis) -> None:
+    make(ledger, max_samples=10)
+
+    assert lease(ledger, "s1") == 0
+    assert lease(ledger, "s2", want=10**6) == 0
+
+    assert reservations(redis_client) == {}
+    assert ledger.snapshot(DS).reserved_tokens == 0
+
+
+def test_admit_with_want_zero_reserves_the_max_new_tokens_register_stored(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 300}})
+
+    assert lease(ledger, "s1") == 300
+    assert lease(ledger, "s2") == 300
+    assert lease(ledger, "s3") == 300
+    assert lease(ledger, "s4") == 1000 - 900
+
+
+def test_live_tokens_take_no_part_in_the_reservation(ledger: Ledger) -> None:
+    make(ledger, token_budget=100)
+    assert lease(ledger, "s1", want=50) == 50
+    assert report_live(ledger, "s1", "a1", 50)  # status only: the 50 are already reserved
+
+    assert lease(ledger, "s2") == 50
+    assert ledger.snapshot(DS).live_tokens == 50
+
+
+def test_admit_under_drain_reserves_nothing_and_says_limit_when_running_ones_are_expected_to_fill_it(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=100, on_budget="drain")
+    commit_new(ledger, "s0", 30)  # mean committed length: 30
+    assert lease(ledger, "s1") == 0
+    report_live(ledger, "s1", "a1", 5)
+    assert lease(ledger, "s2") == 0  # 30 committed + 5 live + 25 expected of s1 = 60 < 100
+
+    # 30 + 5 live + (2 running x 30 - 5 live) expected = 90 < 100: one more fits
+    assert lease(ledger, "s3") == 0
+    # 30 + 5 + (3 x 30 - 5) = 120 >= 100: a fourth would be prefilled only to be cut
+    result = ledger.admit(DS, "s4", "a1")
+
+    assert (result.admission, result.cap) == (Admission.LIMIT, 0)
+    assert pending(redis_client) == {"s4": "limit"}
+    assert reservations(redis_client) == {}
+    assert ledger.snapshot(DS).reserved_tokens == 0
+
+
+def test_admit_under_drain_says_limit_when_live_tokens_take_the_rest_of_the_budget(ledger: Ledger) -> None:
+    make(ledger, token_budget=100, on_budget="drain")
+    commit_new(ledger, "s0", 10)  # mean length 10: in-flight s1 is past it, so nothing more is expected
+    lease(ledger, "s1")
+    report_live(ledger, "s1", "a1", 79)
+    lease(ledger, "s2")  # 10 + 79 < 100
+
+    report_live(ledger, "s1", "a1", 90)  # 10 + 90 = 100
+
+    assert ledger.admit(DS, "s3", "a1").admission is Admission.LIMIT
+
+
+def test_a_group_admit_under_drain_applies_the_expected_rule_to_each_sample_in_turn(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=100, on_budget="drain")
+    commit_new(ledger, "s0", 30)  # mean 30: 30 + 0, then 30 + 30, 30 + 60 fit; 30 + 90 does not
+
+    group = ledger.admit_many(DS, [(f"g{i}", "a", 0) for i in range(4)])
+
+    assert group.results == [(Admission.OK, 0)] * 3 + [(Admission.LIMIT, 0)]
+    assert pending(redis_client) == {"g3": "limit"}
+    assert ledger.snapshot(DS).inflight == 3
+
+
+# --- admit_many: a group in one call ----------------------------------------------------------------
+
+
+def test_admit_many_gives_each_sample_its_own_verdict_and_cap_in_one_call(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=200)
+    commit_new(ledger, "done", 10)
+    ledger.fail(DS, "failed", "x", "HTTP 400")
+    lease(ledger, "held", "other", want=20)
+    # left: 200 - 10 committed - 20 reserved = 170
+
+    group = ledger.admit_many(
+        DS,
+        [
+            ("s1", "a1", 0),  # 64
+            ("done", "a1", 0),
+            ("s1", "a2", 0),  # the same sample twice in one group: the second is a duplicate delivery
+            ("failed", "a1", 0),
+            ("held", "a1", 0),
+            ("s2", "a1", 100),  # 100 of the 106 left
+            ("s3", "a1", 0),  # 6 left: the last one's partial cap
+            ("s4", "a1", 0),  # nothing left
+        ],
+    )
+
+    assert group.state == DatasetState.ACTIVE
+    assert group.spec == SPEC
+    assert group.results == [
+        (Admission.OK, MAX_NEW),
+        (Admission.DONE, 0),
+        (Admission.LEASED, 0),
+        (Admission.FAILED, 0),
+        (Admission.LEASED, 0),
+        (Admission.OK, 100),
+        (Admission.OK, 6),
+        (Admission.LIMIT, 0),
+    ]
+    assert (owner(redis_client, "s1"), owner(redis_client, "held")) == ("a1", "other")
+    assert reservations(redis_client) == {"held": 20, "s1": MAX_NEW, "s2": 100, "s3": 6}
+    assert pending(redis_client) == {"s4": "limit"}
+    snap = ledger.snapshot(DS)
+    assert (snap.reserved_tokens, snap.inflight, snap.pending) == (190, 4, 1)
+
+
+def test_admit_many_takes_every_sample_of_the_group_out_of_the_queue(ledger: Ledger) -> None:
+    make(ledger)
+    ledger.enqueue(DS, ["s1", "s2", "s3"], window=10)
+
+    ledger.admit_many(DS, [("s1", "a", 0), ("s2", "a", 0)])
+
+    snap = ledger.snapshot(DS)
+    assert (snap.queued, snap.inflight) == (1, 2)
+
+
+def test_admit_many_counts_the_groups_own_admissions_against_max_samples(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, max_samples=3)
+    commit_new(ledger, "s0", 1)
+
+    group = ledger.admit_many(DS, [(f"s{i}", "a", 0) for i in range(1, 5)])
+
+    assert [admission for admission, _ in group.results] == [
+        Admission.OK,
+        Admission.OK,
+        Admission.LIMIT,
+        Admission.LIMIT,
+    ]
+    assert pending(redis_client) == {"s3": "limit", "s4": "limit"}
+    snap = ledger.snapshot(DS)
+    assert snap.samples + snap.inflight == 3
+
+
+@pytest.mark.parametrize(("action", "verdict"), [("pause", Admission.PAUSED), ("revoke", Admission.REVOKED)])
+def test_admit_many_of_a_stopped_dataset_drops_the_whole_group_into_pending_without_the_spec(
+    ledger: Ledger, redis_client: redis.Redis, action: str, verdict: Admission
+) -> None:
+    make(ledger, token_budget=1000)
+    ledger.set_state(DS, action)
+
+    group = ledger.admit_many(DS, [("s1", "a", 0), ("s2", "a", 0)])
+
+    assert group.results == [(verdict, 0), (verdict, 0)]
+    assert group.spec is None
+    assert pending(redis_client) == {"s1": verdict.value, "s2": verdict.value}
+    assert ledger.snapshot(DS).reserved_tokens == 0
+
+
+def test_admit_many_of_an_unknown_dataset_says_unknown_for_each_sample(ledger: Ledger) -> None:
+    group = ledger.admit_many("nope", [("s1", "a", 0), ("s2", "a", 0)])
+
+    assert group.state == "unknown"
+    assert group.results == [(Admission.UNKNOWN, 0), (Admission.UNKNOWN, 0)]
+    assert group.spec is None
+
+
 # --- progress ---------------------------------------------------------------------------------------
 
 
-def test_progress_accumulates_live_tokens_per_sample_and_for_the_dataset(
-    ledger: Ledger, redis_client: redis.Redis
-) -> None:
-    make(ledger)
-    lease(ledger, "s1")
-    lease(ledger, "s2")
+def test_progress_continues_while_the_dataset_runs_and_the_budget_is_not_overdrawn(ledger: Ledger) -> None:
+    make(ledger, token_budget=100)
+    lease(ledger, "s1")  # 64
+    lease(ledger, "s2")  # 36: the whole budget is reserved, and that is no reason to stop
 
-    for n in (5, 7, 0, 11):
-        assert progress(ledger, "s1", "a1", n) is Progress.CONTINUE
-    assert progress(ledger, "s2", "a1", 4) is Progress.CONTINUE
-
-    live = redis_client.hgetall(ledger.keys_of(DS).live_hash)
-    assert live == {"s1": "23", "s2": "4"}
-    snap = ledger.snapshot(DS)
-    assert (snap.live_tokens, snap.tokens) == (27, 0)
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
+    assert progress(ledger, "s2", "a1") is Progress.CONTINUE
+    assert ledger.snapshot(DS).reserved_tokens == 100
 
 
 @pytest.mark.parametrize(
-    ("on_budget", "at_budget"),
+    ("on_budget", "lowered"),
     [("truncate", Progress.STOP), ("discard", Progress.STOP), ("drain", Progress.CONTINUE)],
 )
-def test_progress_says_stop_at_the_budget_unless_the_policy_is_drain(
-    ledger: Ledger, on_budget: str, at_budget: Progress
+def test_progress_says_stop_once_the_budget_is_lowered_below_committed_plus_reserved_unless_drain(
+    ledger: Ledger, on_budget: str, lowered: Progress
 ) -> None:
-    make(ledger, token_budget=100, on_budget=on_budget)
+    make(ledger, token_budget=200, on_budget=on_budget)
     commit_new(ledger, "s0", 30)
-    lease(ledger, "s1")
-    lease(ledger, "s2")
+    lease(ledger, "s1", want=50)
+    reserved = ledger.snapshot(DS).reserved_tokens  # 50 (0 under drain)
 
-    assert progress(ledger, "s1", "a1", 40) is Progress.CONTINUE
-    assert progress(ledger, "s2", "a1", 29) is Progress.CONTINUE  # 30 + 69 = 99
-    assert progress(ledger, "s2", "a1", 1) is at_budget  # 100
-    assert progress(ledger, "s1", "a1", 0) is at_budget
-    assert progress(ledger, "s1", "a1", 50) is at_budget
-    assert ledger.snapshot(DS).live_tokens == 120
+    ledger.set_limits(DS, token_budget=30 + reserved)  # exactly what is committed and reserved
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
+    assert ledger.stop_reasons([DS]) == {DS: ""}
+
+    ledger.set_limits(DS, token_budget=30 + reserved - 1)
+
+    assert progress(ledger, "s1", "a1") is lowered
+    assert ledger.stop_reasons([DS]) == {DS: "budget" if lowered is Progress.STOP else ""}
+
+
+def test_progress_ignores_live_tokens_past_the_budget(ledger: Ledger) -> None:
+    make(ledger, token_budget=100)
+    lease(ledger, "s1", want=40)
+    report_live(ledger, "s1", "a1", 500)  # a report, not a reservation: the budget is kept by the cap
+
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
+    assert ledger.stop_reasons([DS]) == {DS: ""}
 
 
 def test_progress_returns_the_datasets_state_with_the_action(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    lease(ledger, "s1")
+    lease(ledger, "s1", want=50)
 
-    assert ledger.progress(DS, "s1", "a1", 1) == (Progress.CONTINUE, DatasetState.ACTIVE)
+    assert ledger.progress(DS, "s1", "a1") == (Progress.CONTINUE, DatasetState.ACTIVE)
     ledger.pause(DS)  # a pause stops what runs too (issue 11): the sample goes back to pending
-    assert ledger.progress(DS, "s1", "a1", 1) == (Progress.STOP, DatasetState.PAUSED)
+    assert ledger.progress(DS, "s1", "a1") == (Progress.STOP, DatasetState.PAUSED)
     ledger.revoke(DS)
-    assert ledger.progress(DS, "s1", "a1", 1) == (Progress.STOP, DatasetState.REVOKED)
+    assert ledger.progress(DS, "s1", "a1") == (Progress.STOP, DatasetState.REVOKED)
     ledger.resume(DS)
-    assert ledger.progress(DS, "s1", "a1", 97) == (Progress.STOP, DatasetState.ACTIVE)
-    assert ledger.progress(DS, "s1", "nobody", 1) == (Progress.LOST, DatasetState.ACTIVE)
-    assert ledger.progress("nope", "s1", "a1", 1) == (Progress.LOST, "unknown")
-
-
-def test_progress_with_negative_tokens_takes_back_live_tokens(
-    ledger: Ledger, redis_client: redis.Redis
-) -> None:
-    make(ledger, token_budget=100)
-    lease(ledger, "s1")
-    assert progress(ledger, "s1", "a1", 100) is Progress.STOP
-
-    # the HTTP call failed and is retried: its tokens are taken back and the budget has room again
-    assert progress(ledger, "s1", "a1", -60) is Progress.CONTINUE
-
-    assert redis_client.hget(ledger.keys_of(DS).live_hash, "s1") == "40"
-    assert ledger.snapshot(DS).live_tokens == 40
-    assert ledger.enqueue(DS, ["s2"], window=10) == [1]
+    ledger.set_limits(DS, token_budget=40)
+    assert ledger.progress(DS, "s1", "a1") == (Progress.STOP, DatasetState.ACTIVE)
+    assert ledger.progress(DS, "s1", "nobody") == (Progress.LOST, DatasetState.ACTIVE)
+    assert ledger.progress("nope", "s1", "a1") == (Progress.LOST, "unknown")
 
 
 def test_progress_without_a_budget_always_continues(ledger: Ledger) -> None:
     make(ledger, max_samples=1)
     lease(ledger, "s1")
+    report_live(ledger, "s1", "a1", 10**9)
 
-    assert progress(ledger, "s1", "a1", 10**9) is Progress.CONTINUE
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
 
 
 def test_progress_says_stop_when_the_dataset_is_revoked(ledger: Ledger) -> None:
     make(ledger, on_budget="drain")
     lease(ledger, "s1")
-    assert progress(ledger, "s1", "a1", 3) is Progress.CONTINUE
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
 
     ledger.revoke(DS)
 
-    assert progress(ledger, "s1", "a1", 3) is Progress.STOP
-    assert ledger.snapshot(DS).live_tokens == 6
+    assert progress(ledger, "s1", "a1") is Progress.STOP
 
 
 def test_progress_stops_a_generation_once_the_dataset_is_paused(ledger: Ledger) -> None:
     make(ledger)
     lease(ledger, "s1")
-    assert progress(ledger, "s1", "a1", 3) is Progress.CONTINUE
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
     ledger.pause(DS)  # a pause stops what runs (issue 11); the sample goes back to pending
 
-    assert progress(ledger, "s1", "a1", 3) is Progress.STOP
+    assert progress(ledger, "s1", "a1") is Progress.STOP
 
 
 def test_progress_says_lost_after_the_lease_expired_and_was_reclaimed(
@@ -329,11 +506,11 @@ def test_progress_says_lost_after_the_lease_expired_and_was_reclaimed(
 ) -> None:
     make(ledger)
     lease(ledger, "s1", lease_ms=SHORT_MS)
-    progress(ledger, "s1", "a1", 5, lease_ms=SHORT_MS)
+    report_live(ledger, "s1", "a1", 5, lease_ms=SHORT_MS)
     time.sleep(EXPIRE_S)
     lease(ledger, "other")  # any admit reclaims expired leases
 
-    assert progress(ledger, "s1", "a1", 5) is Progress.LOST
+    assert progress(ledger, "s1", "a1") is Progress.LOST
 
     assert redis_client.hget(ledger.keys_of(DS).live_hash, "s1") is None
     snap = ledger.snapshot(DS)
@@ -346,23 +523,22 @@ def test_progress_says_lost_to_the_old_attempt_once_a_new_one_holds_the_lease(le
     time.sleep(EXPIRE_S)
     lease(ledger, "s1", "new")
 
-    assert progress(ledger, "s1", "old", 5) is Progress.LOST
-    assert progress(ledger, "s1", "new", 5) is Progress.CONTINUE
-    assert ledger.snapshot(DS).live_tokens == 5
+    assert progress(ledger, "s1", "old") is Progress.LOST
+    assert progress(ledger, "s1", "new") is Progress.CONTINUE
 
 
 def test_progress_says_lost_to_an_attempt_that_never_held_the_lease(ledger: Ledger) -> None:
     make(ledger)
 
-    assert progress(ledger, "s1", "a1", 5) is Progress.LOST
-    assert ledger.snapshot(DS).live_tokens == 0
+    assert progress(ledger, "s1", "a1") is Progress.LOST
+    assert ledger.snapshot(DS).inflight == 0
 
 
 def test_progress_renews_the_lease(ledger: Ledger) -> None:
     make(ledger)
     lease(ledger, "s1", lease_ms=SHORT_MS)
 
-    progress(ledger, "s1", "a1", 1, lease_ms=60_000)
+    progress(ledger, "s1", "a1", lease_ms=60_000)
     time.sleep(EXPIRE_S)
 
     assert ledger.reclaim(DS) == 0
@@ -375,7 +551,7 @@ def test_progress_after_expiry_but_before_any_reclaim_keeps_the_lease(ledger: Le
     lease(ledger, "s1", lease_ms=SHORT_MS)
     time.sleep(EXPIRE_S)
 
-    assert progress(ledger, "s1", "a1", 2, lease_ms=60_000) is Progress.CONTINUE
+    assert progress(ledger, "s1", "a1", lease_ms=60_000) is Progress.CONTINUE
     assert ledger.reclaim(DS) == 0
     assert ledger.snapshot(DS).inflight == 1
 
@@ -392,7 +568,7 @@ def test_renew_keeps_a_lease_alive_past_its_first_expiry(ledger: Ledger) -> None
 
     assert ledger.reclaim(DS) == 0
     assert ledger.admit(DS, "s1", "a2").admission is Admission.LEASED
-    assert progress(ledger, "s1", "a1", 1) is Progress.CONTINUE
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
 
 
 def test_renew_fails_for_an_attempt_that_does_not_hold_the_lease(ledger: Ledger) -> None:
@@ -405,3 +581,87 @@ def test_renew_fails_for_an_attempt_that_does_not_hold_the_lease(ledger: Ledger)
 
     assert ledger.renew(DS, "s1", "a1") is False
     assert ledger.snapshot(DS).inflight == 0
+
+
+def test_renew_leaves_live_tokens_alone(ledger: Ledger, redis_client: redis.Redis) -> None:
+    make(ledger)
+    lease(ledger, "s1")
+    report_live(ledger, "s1", "a1", 9)
+
+    assert ledger.renew(DS, "s1", "a1") is True
+
+    assert redis_client.hget(ledger.keys_of(DS).live_hash, "s1") == "9"
+    assert ledger.snapshot(DS).live_tokens == 9
+
+
+# --- renew_many: a worker process's leases of one dataset, with their live tokens -------------------
+
+
+def test_renew_many_sets_each_samples_live_tokens_and_moves_the_datasets_total_by_the_difference(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger)
+    lease(ledger, "s1")
+    lease(ledger, "s2")
+
+    assert ledger.renew_many(DS, [("s1", "a1", 5), ("s2", "a1", 4)]) == [True, True]
+    assert ledger.renew_many(DS, [("s1", "a1", 23), ("s2", "a1", 4)]) == [True, True]
+
+    assert redis_client.hgetall(ledger.keys_of(DS).live_hash) == {"s1": "23", "s2": "4"}
+    snap = ledger.snapshot(DS)
+    assert (snap.live_tokens, snap.tokens) == (27, 0)
+
+    # a try that failed and is retried starts again from nothing: the total goes down with it
+    assert ledger.renew_many(DS, [("s1", "a1", 0)]) == [True]
+    assert ledger.snapshot(DS).live_tokens == 4
+
+
+def test_renew_many_with_live_tokens_unknown_renews_and_leaves_them(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger)
+    lease(ledger, "s1", lease_ms=SHORT_MS)
+    report_live(ledger, "s1", "a1", 12, lease_ms=SHORT_MS)
+
+    assert ledger.renew_many(DS, [("s1", "a1", None)], lease_ms=60_000) == [True]
+    time.sleep(EXPIRE_S)
+
+    assert ledger.reclaim(DS) == 0
+    assert redis_client.hget(ledger.keys_of(DS).live_hash, "s1") == "12"
+    assert ledger.snapshot(DS).live_tokens == 12
+
+
+def test_renew_many_loses_the_leases_not_held_and_leaves_their_holders_alone(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger)
+    lease(ledger, "mine")
+    lease(ledger, "theirs", "other")
+    report_live(ledger, "theirs", "other", 6)
+
+    held = ledger.renew_many(DS, [("mine", "a1", 3), ("theirs", "a1", 50), ("never", "a1", 7)])
+
+    assert held == [True, False, False]
+    assert redis_client.hgetall(ledger.keys_of(DS).live_hash) == {"mine": "3", "theirs": "6"}
+    assert owner(redis_client, "theirs") == "other"
+    assert owner(redis_client, "never") is None
+    snap = ledger.snapshot(DS)
+    assert (snap.live_tokens, snap.inflight) == (9, 2)
+
+
+def test_renew_many_counts_a_sample_listed_twice_from_its_last_report(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger)
+    lease(ledger, "s1")
+
+    assert ledger.renew_many(DS, [("s1", "a1", 5), ("s1", "a1", 7)]) == [True, True]
+
+    assert redis_client.hget(ledger.keys_of(DS).live_hash, "s1") == "7"
+    assert ledger.snapshot(DS).live_tokens == 7
+
+
+def test_renew_many_of_no_leases_asks_nothing(ledger: Ledger) -> None:
+    make(ledger)
+
+    assert ledger.renew_many(DS, []) == []

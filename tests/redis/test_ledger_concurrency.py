@@ -1,10 +1,13 @@
 """Property-style test of the ledger under concurrent workers on real Redis.
 
 Eight threads each handle fifty deliveries; every sample is delivered twice (Celery may redeliver), in a
-random order. A worker admitted for a sample streams a few chunks, then mostly commits, sometimes releases
-or fails it; a worker told ``leased`` sometimes commits anyway (an attempt that lost its lease but finished).
-Whatever the interleaving, the ledger must count each sample once, with the tokens of the attempt whose
-commit won.
+random order. A worker admitted for a sample reports its live tokens a few times (never more than its
+reservation, as the server stops it there), then mostly commits, sometimes releases or fails it; a worker
+told ``leased`` sometimes commits anyway (an attempt that lost its lease but finished). Whatever the
+interleaving, the ledger must count each sample once, with the tokens of the attempt whose commit won.
+
+Then workers admitting groups and committing batches under a token budget: committed + discarded +
+reserved never passes the budget, read at any moment by a watcher thread.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
-from budget import Admission, CommitOutcome, DatasetLimits, DatasetState, Ledger, Progress
+from budget import Admission, CommitItem, CommitOutcome, DatasetLimits, DatasetState, Ledger
+from tests.support.ledger import budget_taken
 
 pytestmark = pytest.mark.redis
 
@@ -24,6 +28,8 @@ DS = "ds"
 THREADS = 8
 PER_THREAD = 50
 SAMPLES = THREADS * PER_THREAD // 2  # each delivered twice
+MAX_NEW = 60
+SPEC = {"servers": ["s"], "sampling": {"max_new_tokens": MAX_NEW}}
 
 
 @dataclass
@@ -46,16 +52,16 @@ def _worker(
         barrier.wait()
         for k, sid in enumerate(deliveries):
             attempt = f"w{worker}-{k}"
-            verdict = ledger.admit(DS, sid, attempt).admission
+            admitted = ledger.admit(DS, sid, attempt)
+            verdict, cap = admitted.admission, admitted.cap or MAX_NEW
             if verdict is Admission.LEASED and rng.random() < 0.5:
                 verdict = Admission.OK  # a zombie attempt: it finished after losing its lease
             elif verdict is not Admission.OK:
                 continue
             tokens = 0
             for _ in range(rng.randint(1, 3)):
-                chunk = rng.randint(1, 20)
-                tokens += chunk
-                if ledger.progress(DS, sid, attempt, chunk)[0] is not Progress.CONTINUE:
+                tokens = min(cap, tokens + rng.randint(1, 20))
+                if not ledger.renew_many(DS, [(sid, attempt, tokens)])[0]:
                     break
             roll = rng.random()
             if roll < 0.8:
@@ -84,7 +90,7 @@ def _worker(
 def test_concurrent_workers_count_every_sample_exactly_once(
     ledger: Ledger, redis_url: str, token_budget: int | None, max_samples: int | None
 ) -> None:
-    ledger.register(DS, DatasetLimits(token_budget, max_samples, "truncate"), {"servers": ["s"]})
+    ledger.register(DS, DatasetLimits(token_budget, max_samples, "truncate"), SPEC)
     deliveries = [f"s{i:03d}" for i in range(SAMPLES)] * 2
     random.Random(7).shuffle(deliveries)
     journals = [Journal() for _ in range(THREADS)]
@@ -120,6 +126,7 @@ def test_concurrent_workers_count_every_sample_exactly_once(
 
     # nothing is left in flight and every token generated and not committed is reported as wasted
     assert (snap.live_tokens, snap.inflight, snap.queued, snap.reclaimed) == (0, 0, 0, 0)
+    assert snap.reserved_tokens == 0
     assert snap.wasted_tokens == (
         sum(n for _, _, n in rejected) + sum(n for _, n in released) + sum(n for _, n in failed)
     )
@@ -133,3 +140,105 @@ def test_concurrent_workers_count_every_sample_exactly_once(
     if token_budget is None and max_samples is None:
         assert snap.state == DatasetState.ACTIVE
         assert len(committed) > SAMPLES // 2  # the test did exercise the commit path
+
+
+# --- the budget invariant under group admits and batched commits --------------------------------------
+
+GROUP = 4
+BUDGET = 2000
+
+
+@dataclass
+class GroupJournal:
+    committed: int = 0
+    limited: int = 0
+    #: committed + discarded + reserved, read right after each of this worker's admits and commits
+    seen: list[int] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+
+
+def _group_worker(
+    redis_url: str,
+    worker: int,
+    groups: list[list[str]],
+    on_budget: str,
+    barrier: threading.Barrier,
+    journal: GroupJournal,
+) -> None:
+    """Admit each group in one call, generate at most each cap, and end the batch in one commit_many
+    (now and then a release, counted against the budget under discard, or a fail)."""
+    rng = random.Random(2000 + worker)
+    ledger = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
+    try:
+        barrier.wait()
+        for k, group in enumerate(groups):
+            attempt = f"w{worker}-{k}"
+            admitted = ledger.admit_many(DS, [(sid, attempt, 0) for sid in group])
+            journal.seen.append(budget_taken(ledger.client, DS))
+            items: list[CommitItem] = []
+            for sid, (verdict, cap) in zip(group, admitted.results, strict=True):
+                if verdict is Admission.LIMIT:
+                    journal.limited += 1
+                if verdict is not Admission.OK:
+                    continue
+                assert cap >= 1
+                tokens = rng.randint((cap + 1) // 2, cap)  # the server stops at max_new_tokens = cap
+                ledger.renew_many(DS, [(sid, attempt, tokens // 2)])
+                roll = rng.random()
+                if roll < 0.85:
+                    items.append(CommitItem(sid, attempt, tokens, truncated=tokens == cap))
+                elif roll < 0.95:
+                    ledger.release(
+                        DS, sid, attempt, "discarded", tokens, counts_against_budget=on_budget == "discard"
+                    )
+                else:
+                    ledger.fail(DS, sid, attempt, "server error", wasted_tokens=tokens)
+            outcomes = ledger.commit_many(DS, items)
+            journal.seen.append(budget_taken(ledger.client, DS))
+            journal.committed += sum(o is CommitOutcome.COMMITTED for o in outcomes)
+    except BaseException as e:  # reported by the main thread
+        journal.errors.append(e)
+    finally:
+        ledger.client.close()
+
+
+@pytest.mark.parametrize("on_budget", ["truncate", "discard"])
+def test_committed_discarded_and_reserved_tokens_never_pass_the_budget_under_concurrent_groups(
+    ledger: Ledger, redis_client: redis.Redis, redis_url: str, on_budget: str
+) -> None:
+    ledger.register(DS, DatasetLimits(BUDGET, None, on_budget), SPEC)
+    sids = [f"s{i:03d}" for i in range(THREADS * 15 * GROUP)]
+    groups = [sids[i : i + GROUP] for i in range(0, len(sids), GROUP)]
+    journals = [GroupJournal() for _ in range(THREADS)]
+    barrier = threading.Barrier(THREADS)
+    threads = [
+        threading.Thread(
+            target=_group_worker,
+            args=(redis_url, w, groups[w::THREADS], on_budget, barrier, journals[w]),
+        )
+        for w in range(THREADS)
+    ]
+    seen: list[int] = []
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):  # the watcher: one consistent read at a time
+        seen.append(budget_taken(redis_client, DS))
+    for t in threads:
+        t.join(timeout=30)
+    assert [e for j in journals for e in j.errors] == []
+
+    seen += [n for j in journals for n in j.seen]
+    assert max(seen) <= BUDGET
+    snap = ledger.snapshot(DS)
+    spent = snap.tokens + snap.discarded_tokens
+    assert spent <= BUDGET
+    assert (snap.reserved_tokens, snap.live_tokens, snap.inflight) == (0, 0, 0)
+    assert redis_client.hlen(ledger.keys_of(DS).reserved_hash) == 0
+    # the budget was contended: admits were turned away for it, and most of it was spent
+    assert sum(j.limited for j in journals) > 0
+    assert spent > BUDGET // 2
+    assert snap.samples == sum(j.committed for j in journals)
+    if on_budget == "truncate":
+        assert (snap.state == DatasetState.EXHAUSTED) is (spent >= BUDGET)
+    else:
+        assert (snap.state == DatasetState.EXHAUSTED) is (BUDGET - spent < MAX_NEW)

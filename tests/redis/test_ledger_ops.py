@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from importlib import resources
 
 import pytest
 import redis
@@ -28,8 +29,8 @@ from tests.support.ledger import (
     lease,
     make,
     pending,
-    progress,
     queued,
+    report_live,
 )
 from tokenfleet.publish import TaskPublisher
 from workers.messages import QUEUE_NAME
@@ -98,8 +99,8 @@ def test_give_up_makes_the_sample_pending_with_reason_server_unavailable_and_dro
     make(ledger)
     lease(ledger, "s1")
     lease(ledger, "s2")
-    progress(ledger, "s1", "a1", 12)
-    progress(ledger, "s2", "a1", 5)
+    report_live(ledger, "s1", "a1", 12)
+    report_live(ledger, "s2", "a1", 5)
 
     assert ledger.give_up(DS, "s1", "a1", "HTTP 503 after 5 retries", wasted_tokens=12) == "pending"
 
@@ -126,7 +127,7 @@ def test_give_up_fails_the_sample_for_good_on_the_max_strikes_th_give_up(
         assert redis_client.hget(keys().strikes_hash, "s1") == str(strike)
         assert ledger.failures(DS) == {}
     lease(ledger, "s1", "last")
-    progress(ledger, "s1", "last", 7)
+    report_live(ledger, "s1", "last", 7)
 
     assert ledger.give_up(DS, "s1", "last", "HTTP 502", wasted_tokens=7, max_strikes=max_strikes) == "failed"
 
@@ -173,7 +174,7 @@ def test_a_duplicate_give_up_by_the_lease_holder_still_drops_its_lease(
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
     time.sleep(EXPIRE_S)
     lease(ledger, "s1", "a2")  # redelivered after a1's lease expired; a1 is still running
-    progress(ledger, "s1", "a2", 6)
+    report_live(ledger, "s1", "a2", 6)
     assert ledger.commit(DS, "s1", "a1", 9) is CommitOutcome.COMMITTED
 
     assert ledger.give_up(DS, "s1", "a2", "timeout", wasted_tokens=6) == "duplicate"
@@ -190,7 +191,7 @@ def test_give_up_by_an_attempt_that_lost_the_lease_keeps_the_new_holders_lease(
     lease(ledger, "s1", "old", lease_ms=SHORT_MS)
     time.sleep(EXPIRE_S)
     lease(ledger, "s1", "new")
-    progress(ledger, "s1", "new", 6)
+    report_live(ledger, "s1", "new", 6)
 
     assert ledger.give_up(DS, "s1", "old", "timeout") == "pending"
 
@@ -479,24 +480,24 @@ def test_a_new_dataset_has_zero_rates(ledger: Ledger) -> None:
     assert (snap.tokens_per_s, snap.samples_per_s) == (0.0, 0.0)
 
 
-def test_progress_and_commit_tokens_show_up_in_the_snapshot_rates(
+def test_live_reports_and_commit_tokens_show_up_in_the_snapshot_rates(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger)
     for i in range(5):
         sid = f"s{i}"
         lease(ledger, sid)
-        progress(ledger, sid, "a1", 10)  # streamed
+        report_live(ledger, sid, "a1", 10)  # reported while it streamed
         assert ledger.commit(DS, sid, "a1", 25) is CommitOutcome.COMMITTED  # 15 more in the last chunk
     lease(ledger, "flying")
-    progress(ledger, "flying", "a1", 7)  # in flight: generated, not committed
+    report_live(ledger, "flying", "a1", 7)  # in flight: generated, not committed
 
     assert_rates(ledger, redis_client, tokens=5 * 25 + 7, samples=5)
     snap = ledger.snapshot(DS)
     assert (snap.tokens, snap.samples, snap.live_tokens) == (125, 5, 7)
 
 
-def test_a_commit_without_progress_counts_all_its_tokens_in_the_rate(
+def test_a_commit_without_live_reports_counts_all_its_tokens_in_the_rate(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger)
@@ -506,24 +507,39 @@ def test_a_commit_without_progress_counts_all_its_tokens_in_the_rate(
     assert_rates(ledger, redis_client, tokens=42, samples=2)
 
 
-def test_negative_progress_does_not_reduce_the_rate(ledger: Ledger, redis_client: redis.Redis) -> None:
+def test_a_lower_live_report_does_not_reduce_the_rate(ledger: Ledger, redis_client: redis.Redis) -> None:
     make(ledger)
     lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 30)
+    report_live(ledger, "s1", "a1", 30)
     before, _ = assert_rates(ledger, redis_client, tokens=30, samples=0)
 
-    progress(ledger, "s1", "a1", -30)  # the try failed and is retried: its tokens are taken back
+    report_live(ledger, "s1", "a1", 0)  # the try failed and is retried: its tokens are taken back
 
     assert ledger.snapshot(DS).live_tokens == 0
     after, _ = assert_rates(ledger, redis_client, tokens=30, samples=0)
     assert after >= before
 
-    progress(ledger, "s1", "a1", 20)  # the retry streams again
+    report_live(ledger, "s1", "a1", 20)  # the retry streams again
     assert ledger.commit(DS, "s1", "a1", 32) is CommitOutcome.COMMITTED
 
     assert_rates(ledger, redis_client, tokens=30 + 32, samples=1)  # generated, including the lost try
     snap = ledger.snapshot(DS)
     assert (snap.tokens, snap.samples, snap.live_tokens) == (32, 1, 0)
+
+
+def test_one_samples_lower_live_report_takes_nothing_off_anothers_gain_in_the_same_renew(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger)
+    lease(ledger, "s1")
+    lease(ledger, "s2")
+    report_live(ledger, "s1", "a1", 30)
+
+    # s1's try is taken back for a retry while s2 produced 20: 20 more tokens were generated
+    assert ledger.renew_many(DS, [("s1", "a1", 0), ("s2", "a1", 20)]) == [True, True]
+
+    assert_rates(ledger, redis_client, tokens=30 + 20, samples=0)
+    assert ledger.snapshot(DS).live_tokens == 20
 
 
 def test_rate_entries_older_than_the_window_are_not_counted(
@@ -539,43 +555,66 @@ def test_rate_entries_older_than_the_window_are_not_counted(
     assert (snap.tokens_per_s, snap.samples_per_s) == (0.0, 0.0)
 
 
-def test_the_rate_rings_are_trimmed_to_the_last_120_seconds_once_they_pass_240_entries(
+#: A second the ring's trim is looked at in (one in every 16), and one it is not: ``rate_add`` is driven
+#: directly with a chosen second, as the scripts' clock cannot be set.
+TRIM_SECOND = 1_000_000_000  # a multiple of 16
+OTHER_SECOND = TRIM_SECOND + 1
+
+
+def rate_add(redis_client: redis.Redis, key: str, n: int, sec: int) -> None:
+    """Call ``_lib.lua``'s ``rate_add`` for ring ``key`` as if it were second ``sec``."""
+    lib = (resources.files("budget") / "lua" / "_lib.lua").read_text()
+    redis_client.eval(
+        f"{lib}\nrate_add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))\nreturn 1", 1, key, n, sec
+    )
+
+
+def fill_ring(redis_client: redis.Redis, key: str, sec: int, old: int) -> int:
+    """``old`` entries long before ``sec`` and one 60 s before it; returns that one's second."""
+    recent = sec - 60  # within the 120 s kept
+    redis_client.hset(key, mapping={**{sec - 1000 - i: 3 for i in range(old)}, recent: 1000})
+    return recent
+
+
+def test_a_rate_ring_past_240_entries_is_trimmed_to_the_last_120_seconds_in_a_trim_second(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger)
-    k = keys()
-    now = server_s(redis_client)
-    old = {now - 1000 - i: 3 for i in range(239)}
-    recent = now - 60  # within the 120 s kept, outside the 30 s window
-    for key in (k.rate_tokens_hash, k.rate_samples_hash):
-        redis_client.hset(key, mapping={**old, recent: 1000})
+    key = keys().rate_tokens_hash
+    recent = fill_ring(redis_client, key, TRIM_SECOND, old=239)
 
-    commit_new(ledger, "s1", 5)  # 241 entries: past 240, trimmed
+    rate_add(redis_client, key, 5, TRIM_SECOND)  # 241 entries: past 240, trimmed
 
-    for key in (k.rate_tokens_hash, k.rate_samples_hash):
-        kept = ring(redis_client, key)
-        assert min(kept) == recent and kept[recent] == 1000
-        assert len(kept) == 2  # the recent one and this second
-    committed_at = max(ring(redis_client, k.rate_tokens_hash))
-    assert ring(redis_client, k.rate_tokens_hash)[committed_at] == 5
-    t0 = server_s(redis_client)
-    snap = ledger.snapshot(DS)
-    t1 = server_s(redis_client)
-    # only this second's entry is in the window: the rate is it over the seconds since
-    spans = [t - committed_at + 1 for t in range(t0, t1 + 1)]
-    assert any(snap.tokens_per_s == pytest.approx(5 / s) for s in spans), (snap.tokens_per_s, spans)
-    assert snap.samples_per_s * 5 == pytest.approx(snap.tokens_per_s)
+    assert ring(redis_client, key) == {recent: 1000, TRIM_SECOND: 5}
 
 
-def test_the_rate_rings_are_not_trimmed_at_240_entries(ledger: Ledger, redis_client: redis.Redis) -> None:
-    make(ledger)
-    k = keys()
-    now = server_s(redis_client)
-    redis_client.hset(k.rate_tokens_hash, mapping={now - 1000 - i: 3 for i in range(239)})
+def test_a_rate_ring_is_not_looked_at_for_trimming_outside_a_trim_second(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    key = keys().rate_samples_hash
+    fill_ring(redis_client, key, OTHER_SECOND, old=239)
 
-    commit_new(ledger, "s1", 5)  # 240 entries: not yet past twice the 120 s kept
+    rate_add(redis_client, key, 1, OTHER_SECOND)
 
-    assert redis_client.hlen(k.rate_tokens_hash) == 240
+    assert redis_client.hlen(key) == 241
+    assert ring(redis_client, key)[OTHER_SECOND] == 1
+
+
+def test_a_rate_ring_is_not_trimmed_at_240_entries(ledger: Ledger, redis_client: redis.Redis) -> None:
+    key = keys().rate_tokens_hash
+    fill_ring(redis_client, key, TRIM_SECOND, old=238)
+
+    rate_add(redis_client, key, 5, TRIM_SECOND)  # 240 entries: not yet past twice the 120 s kept
+
+    assert redis_client.hlen(key) == 240
+
+
+def test_rate_add_of_nothing_writes_nothing(ledger: Ledger, redis_client: redis.Redis) -> None:
+    key = keys().rate_tokens_hash
+
+    rate_add(redis_client, key, 0, TRIM_SECOND)
+    rate_add(redis_client, key, -7, TRIM_SECOND)
+
+    assert redis_client.exists(key) == 0
 
 
 # --- rebuild ----------------------------------------------------------------------------------------
@@ -584,12 +623,12 @@ def test_the_rate_rings_are_not_trimmed_at_240_entries(ledger: Ledger, redis_cli
 def test_rebuild_replaces_done_failed_and_counters_and_clears_queued_leases_and_pending(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger)
+    make(ledger, token_budget=10_000)
     commit_new(ledger, "old1", 11)
     commit_new(ledger, "old2", 12)
     ledger.fail(DS, "oldfail", "x", "HTTP 400")
     lease(ledger, "flying")
-    progress(ledger, "flying", "a1", 9)
+    report_live(ledger, "flying", "a1", 9)
     lease(ledger, "struck")
     assert ledger.give_up(DS, "struck", "a1", "timeout") == "pending"
     assert ledger.enqueue(DS, ["q1", "q2"], window=10) == [1, 1]
@@ -601,10 +640,24 @@ def test_rebuild_replaces_done_failed_and_counters_and_clears_queued_leases_and_
     assert ledger.done_attempts(DS) == done
     assert ledger.failures(DS) == {"x": "bad prompt"}
     snap = ledger.snapshot(DS)
-    assert (snap.tokens, snap.samples, snap.truncated, snap.live_tokens) == (300, 3, 1, 0)
+    assert (snap.tokens, snap.samples, snap.truncated, snap.live_tokens, snap.reserved_tokens) == (
+        300,
+        3,
+        1,
+        0,
+        0,
+    )
     assert (snap.failed, snap.queued, snap.inflight, snap.pending) == (1, 0, 0, 0)
     k = keys()
-    for key in (k.queued_zset, k.lease_zset, k.lease_owner_hash, k.live_hash, k.pending_hash, k.strikes_hash):
+    for key in (
+        k.queued_zset,
+        k.lease_zset,
+        k.lease_owner_hash,
+        k.live_hash,
+        k.reserved_hash,
+        k.pending_hash,
+        k.strikes_hash,
+    ):
         assert redis_client.exists(key) == 0, key
     assert ledger.admit(DS, "flying", "a2").admission is Admission.OK  # its lease is gone
     assert ledger.admit(DS, "old1", "a2").admission is Admission.OK  # not in the files: not done
@@ -656,7 +709,7 @@ def test_commit_after_revoke_answers_revoked_does_not_count_and_makes_the_sample
     make(ledger)
     commit_new(ledger, "s0", 3)
     lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 10)
+    report_live(ledger, "s1", "a1", 10)
     assert ledger.revoke(DS) == DatasetState.REVOKED
 
     assert ledger.commit(DS, "s1", "a1", 12) is CommitOutcome.REVOKED

@@ -10,8 +10,20 @@ import time
 import pytest
 import redis
 
-from budget import CommitOutcome, DatasetState, Ledger, Progress
-from tests.support.ledger import DS, EXPIRE_S, SHORT_MS, commit_new, lease, make, owner, pending, progress
+from budget import Admission, CommitItem, CommitOutcome, DatasetState, Ledger
+from tests.support.ledger import (
+    DS,
+    EXPIRE_S,
+    MAX_NEW,
+    SHORT_MS,
+    commit_new,
+    lease,
+    make,
+    owner,
+    pending,
+    report_live,
+    reservations,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -24,7 +36,7 @@ def test_commit_counts_the_tokens_records_the_attempt_and_drops_the_lease(
 ) -> None:
     make(ledger)
     lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 30)
+    report_live(ledger, "s1", "a1", 30)
 
     assert ledger.commit(DS, "s1", "a1", 32) is CommitOutcome.COMMITTED
 
@@ -40,10 +52,10 @@ def test_commit_counts_the_tokens_records_the_attempt_and_drops_the_lease(
 def test_commit_is_exactly_once_when_two_attempts_commit_the_same_sample(ledger: Ledger) -> None:
     make(ledger)
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
-    progress(ledger, "s1", "a1", 10, lease_ms=SHORT_MS)
+    report_live(ledger, "s1", "a1", 10, lease_ms=SHORT_MS)
     time.sleep(EXPIRE_S)
     lease(ledger, "s1", "a2")  # redelivered after a1's lease expired; a1 is still running
-    progress(ledger, "s1", "a2", 12)
+    report_live(ledger, "s1", "a2", 12)
 
     assert ledger.commit(DS, "s1", "a2", 12) is CommitOutcome.COMMITTED
     assert ledger.commit(DS, "s1", "a1", 10) is CommitOutcome.DUPLICATE
@@ -60,7 +72,7 @@ def test_a_duplicate_commit_by_the_lease_holder_drops_its_lease(ledger: Ledger) 
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
     time.sleep(EXPIRE_S)
     lease(ledger, "s1", "a2")
-    progress(ledger, "s1", "a2", 4)
+    report_live(ledger, "s1", "a2", 4)
 
     assert ledger.commit(DS, "s1", "a1", 9) is CommitOutcome.COMMITTED  # a1 finished first
     assert ledger.commit(DS, "s1", "a2", 8) is CommitOutcome.DUPLICATE
@@ -89,9 +101,10 @@ def test_commit_sets_exhausted_when_the_budget_is_reached(ledger: Ledger) -> Non
 
 
 def test_commit_past_the_budget_is_still_counted_under_truncate(ledger: Ledger) -> None:
-    make(ledger, token_budget=100)
-    lease(ledger, "s1")
-    lease(ledger, "s2")
+    make(ledger, token_budget=200)
+    assert lease(ledger, "s1", want=100) == 100
+    assert lease(ledger, "s2", want=100) == 100
+    ledger.set_limits(DS, token_budget=100)  # lowered while both run: s2 is cut, its part still counts
     ledger.commit(DS, "s1", "a1", 100)
 
     assert ledger.commit(DS, "s2", "a1", 20, truncated=True) is CommitOutcome.COMMITTED
@@ -117,7 +130,7 @@ def test_commit_past_max_samples_is_over_limit_and_not_counted(
     lease(ledger, "s1")
     lease(ledger, "s2")
     ledger.set_limits(DS, max_samples=1)  # the operator lowered the cap mid-flight
-    progress(ledger, "s2", "a1", 6)
+    report_live(ledger, "s2", "a1", 6)
 
     assert ledger.commit(DS, "s1", "a1", 5) is CommitOutcome.COMMITTED
     assert ledger.commit(DS, "s2", "a1", 7) is CommitOutcome.OVER_LIMIT
@@ -144,6 +157,178 @@ def test_commit_clears_the_sample_from_pending(ledger: Ledger, redis_client: red
     assert ledger.snapshot(DS).samples == 1
 
 
+def test_commit_gives_back_the_reservation_it_did_not_use(ledger: Ledger, redis_client: redis.Redis) -> None:
+    make(ledger, token_budget=100)
+    assert lease(ledger, "s1") == MAX_NEW
+    assert lease(ledger, "s2") == 100 - MAX_NEW
+    assert ledger.admit(DS, "s3", "a1").admission is Admission.LIMIT
+
+    assert ledger.commit(DS, "s1", "a1", 20) is CommitOutcome.COMMITTED
+
+    assert reservations(redis_client) == {"s2": 36}
+    snap = ledger.snapshot(DS)
+    assert (snap.tokens, snap.reserved_tokens, snap.state) == (20, 36, DatasetState.ACTIVE)
+    assert lease(ledger, "s3") == 100 - 20 - 36  # the 44 s1 did not use are free again
+
+
+def test_commit_under_discard_exhausts_once_less_than_max_new_tokens_is_left(ledger: Ledger) -> None:
+    make(ledger, token_budget=200, on_budget="discard")
+    commit_new(ledger, "s1", 100)
+    commit_new(ledger, "s2", 36)  # 64 left: a whole reservation still fits
+    assert ledger.snapshot(DS).state == DatasetState.ACTIVE
+
+    commit_new(ledger, "s3", 1)  # 63 left
+
+    assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
+    assert ledger.enqueue(DS, ["s4"], window=10) == [-2]
+
+
+# --- commit_many: a batch in one call ---------------------------------------------------------------
+
+
+def test_commit_many_counts_each_generation_and_gives_back_each_reservation(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    for sid in ("s1", "s2", "s3"):
+        lease(ledger, sid)
+    report_live(ledger, "s2", "a1", 5)
+
+    outcomes = ledger.commit_many(
+        DS,
+        [CommitItem("s1", "a1", 10), CommitItem("s2", "a1", 20, truncated=True), CommitItem("s3", "a1", 30)],
+    )
+
+    assert outcomes == [CommitOutcome.COMMITTED] * 3
+    assert ledger.done_attempts(DS) == {"s1": "a1", "s2": "a1", "s3": "a1"}
+    assert reservations(redis_client) == {}
+    snap = ledger.snapshot(DS)
+    assert (snap.tokens, snap.samples, snap.truncated) == (60, 3, 1)
+    assert (snap.reserved_tokens, snap.live_tokens, snap.inflight, snap.wasted_tokens) == (0, 0, 0, 0)
+
+
+def test_commit_many_counts_a_sample_listed_twice_in_one_batch_once(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    lease(ledger, "s1")
+    lease(ledger, "s2")
+    report_live(ledger, "s1", "a1", 4)
+
+    outcomes = ledger.commit_many(
+        DS, [CommitItem("s1", "a1", 10), CommitItem("s2", "a1", 7), CommitItem("s1", "a1", 10)]
+    )
+
+    assert outcomes == [CommitOutcome.COMMITTED, CommitOutcome.COMMITTED, CommitOutcome.DUPLICATE]
+    snap = ledger.snapshot(DS)
+    assert (snap.tokens, snap.samples, snap.wasted_tokens) == (17, 2, 10)
+    # its reservation and live tokens are given back once, not twice
+    assert (snap.reserved_tokens, snap.live_tokens, snap.inflight) == (0, 0, 0)
+    assert lease(ledger, "s3", want=1000) == 1000 - 17
+
+
+def test_commit_many_says_over_limit_once_max_samples_is_crossed_mid_batch(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, max_samples=3)
+    commit_new(ledger, "s0", 1)
+    lease(ledger, "s1")
+    lease(ledger, "s2")
+    ledger.set_limits(DS, max_samples=2)  # lowered while both run
+
+    outcomes = ledger.commit_many(DS, [CommitItem("s1", "a1", 5), CommitItem("s2", "a1", 6)])
+
+    assert outcomes == [CommitOutcome.COMMITTED, CommitOutcome.OVER_LIMIT]
+    snap = ledger.snapshot(DS)
+    assert (snap.state, snap.samples, snap.tokens, snap.wasted_tokens) == (DatasetState.EXHAUSTED, 2, 6, 6)
+    assert (snap.inflight, snap.reserved_tokens) == (0, 0)
+    assert ledger.done_attempts(DS) == {"s0": "s0-a1", "s1": "a1"}
+
+
+def test_commit_many_after_revoke_counts_nothing_and_makes_every_sample_pending(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    lease(ledger, "s1")
+    lease(ledger, "s2")
+    ledger.revoke(DS)
+
+    outcomes = ledger.commit_many(DS, [CommitItem("s1", "a1", 5), CommitItem("s2", "a1", 6)])
+
+    assert outcomes == [CommitOutcome.REVOKED, CommitOutcome.REVOKED]
+    assert pending(redis_client) == {"s1": "revoked", "s2": "revoked"}
+    snap = ledger.snapshot(DS)
+    assert (snap.samples, snap.tokens, snap.wasted_tokens, snap.reserved_tokens, snap.inflight) == (
+        0,
+        0,
+        11,
+        0,
+        0,
+    )
+
+
+def test_commit_many_mixes_committed_duplicate_and_lost_lease_outcomes(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    commit_new(ledger, "done", 3)
+    lease(ledger, "mine")
+    lease(ledger, "theirs", "other")  # held by another attempt: a late commit of ours still counts
+
+    outcomes = ledger.commit_many(
+        DS, [CommitItem("done", "late", 4), CommitItem("mine", "a1", 5), CommitItem("theirs", "a1", 6)]
+    )
+
+    assert outcomes == [CommitOutcome.DUPLICATE, CommitOutcome.COMMITTED, CommitOutcome.COMMITTED]
+    assert owner(redis_client, "theirs") == "other"  # its holder's lease and reservation are its own
+    assert reservations(redis_client) == {"theirs": MAX_NEW}
+    snap = ledger.snapshot(DS)
+    assert (snap.tokens, snap.samples, snap.wasted_tokens, snap.reserved_tokens) == (14, 3, 4, MAX_NEW)
+
+
+def test_commit_many_of_a_forgotten_dataset_says_unknown_for_each(ledger: Ledger) -> None:
+    assert ledger.commit_many("nope", [CommitItem("s1", "a", 1), CommitItem("s2", "a", 2)]) == [
+        CommitOutcome.UNKNOWN,
+        CommitOutcome.UNKNOWN,
+    ]
+
+
+def test_commit_many_of_no_generations_asks_nothing(ledger: Ledger) -> None:
+    make(ledger)
+
+    assert ledger.commit_many(DS, []) == []
+
+
+# --- every end of an attempt gives its reservation back ---------------------------------------------
+
+
+@pytest.mark.parametrize("end", ["commit", "fail", "release", "give_up", "reclaim"])
+def test_every_end_of_an_attempt_gives_its_reservation_back_to_the_budget(
+    ledger: Ledger, redis_client: redis.Redis, end: str
+) -> None:
+    make(ledger, token_budget=100)
+    assert lease(ledger, "s1", lease_ms=SHORT_MS if end == "reclaim" else 60_000, want=70) == 70
+    assert lease(ledger, "s2") == 30
+    assert ledger.enqueue(DS, ["s3"], window=10) == [-3]  # all of it reserved
+
+    if end == "commit":
+        assert ledger.commit(DS, "s1", "a1", 0) is CommitOutcome.COMMITTED  # an empty answer
+    elif end == "fail":
+        ledger.fail(DS, "s1", "a1", "HTTP 400", wasted_tokens=9)
+    elif end == "release":
+        ledger.release(DS, "s1", "a1", "worker shutdown", thrown_away_tokens=9)
+    elif end == "give_up":
+        ledger.give_up(DS, "s1", "a1", "HTTP 503", wasted_tokens=9)
+    else:
+        time.sleep(EXPIRE_S)
+        assert ledger.reclaim(DS) == 1
+
+    assert reservations(redis_client) == {"s2": 30}
+    assert ledger.snapshot(DS).reserved_tokens == 30
+    assert ledger.enqueue(DS, ["s3"], window=10) == [1]
+    assert lease(ledger, "s3", want=70) == 70  # the budget is free again
+
+
 # --- fail -------------------------------------------------------------------------------------------
 
 
@@ -152,7 +337,7 @@ def test_fail_records_the_reason_counts_failed_and_drops_the_lease(
 ) -> None:
     make(ledger)
     lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 8)
+    report_live(ledger, "s1", "a1", 8)
 
     assert ledger.fail(DS, "s1", "a1", "prompt too long", wasted_tokens=8) == "failed"
 
@@ -193,7 +378,7 @@ def test_release_makes_the_sample_pending_with_the_reason_and_counts_wasted_toke
 ) -> None:
     make(ledger, token_budget=100)
     lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 40)
+    report_live(ledger, "s1", "a1", 40)
 
     assert ledger.release(DS, "s1", "a1", "worker shutdown", thrown_away_tokens=40) == DatasetState.ACTIVE
 
@@ -207,12 +392,12 @@ def test_release_makes_the_sample_pending_with_the_reason_and_counts_wasted_toke
 def test_release_counting_against_the_budget_adds_discarded_tokens_and_can_exhaust(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=100, on_budget="discard")
-    lease(ledger, "s1")
-    lease(ledger, "s2")
+    make(ledger, token_budget=150, on_budget="discard")
+    lease(ledger, "s1", want=30)
+    lease(ledger, "s2", want=25)
     commit_new(ledger, "s0", 50)
-    progress(ledger, "s1", "a1", 30)
-    progress(ledger, "s2", "a1", 25)
+    report_live(ledger, "s1", "a1", 30)
+    report_live(ledger, "s2", "a1", 25)
 
     assert ledger.release(DS, "s1", "a1", "discarded", 30, counts_against_budget=True) == DatasetState.ACTIVE
     assert (
@@ -221,7 +406,8 @@ def test_release_counting_against_the_budget_adds_discarded_tokens_and_can_exhau
 
     snap = ledger.snapshot(DS)
     assert (snap.tokens, snap.discarded_tokens, snap.wasted_tokens, snap.live_tokens) == (50, 55, 55, 0)
-    assert snap.state == DatasetState.EXHAUSTED
+    assert snap.reserved_tokens == 0
+    assert snap.state == DatasetState.EXHAUSTED  # 150 - 105 spent < a whole max_new_tokens (64)
     assert pending(redis_client) == {"s1": "discarded", "s2": "discarded"}
 
 
@@ -244,7 +430,7 @@ def test_release_by_an_attempt_that_lost_the_lease_keeps_the_new_holders_lease(
     lease(ledger, "s1", "old", lease_ms=SHORT_MS)
     time.sleep(EXPIRE_S)
     lease(ledger, "s1", "new")
-    progress(ledger, "s1", "new", 6)
+    report_live(ledger, "s1", "new", 6)
 
     ledger.release(DS, "s1", "old", "lost lease")
 
@@ -262,9 +448,9 @@ def test_reclaim_returns_expired_leases_to_pending_and_counts_their_live_tokens_
     lease(ledger, "dead1", lease_ms=SHORT_MS)
     lease(ledger, "dead2", lease_ms=SHORT_MS)
     lease(ledger, "alive")
-    progress(ledger, "dead1", "a1", 10, lease_ms=SHORT_MS)
-    progress(ledger, "dead2", "a1", 5, lease_ms=SHORT_MS)
-    progress(ledger, "alive", "a1", 7)
+    report_live(ledger, "dead1", "a1", 10, lease_ms=SHORT_MS)
+    report_live(ledger, "dead2", "a1", 5, lease_ms=SHORT_MS)
+    report_live(ledger, "alive", "a1", 7)
     time.sleep(EXPIRE_S)
 
     assert ledger.reclaim(DS) == 2
@@ -283,7 +469,7 @@ def test_reclaim_returns_expired_leases_to_pending_and_counts_their_live_tokens_
 def test_reclaim_with_no_lease_expired_changes_nothing(ledger: Ledger) -> None:
     make(ledger)
     lease(ledger, "s1")
-    progress(ledger, "s1", "a1", 3)
+    report_live(ledger, "s1", "a1", 3)
 
     assert ledger.reclaim(DS) == 0
 
@@ -291,17 +477,20 @@ def test_reclaim_with_no_lease_expired_changes_nothing(ledger: Ledger) -> None:
     assert (snap.inflight, snap.pending, snap.live_tokens, snap.reclaimed) == (1, 0, 3, 0)
 
 
-def test_reclaim_gives_back_the_budget_held_by_a_dead_worker(ledger: Ledger) -> None:
+def test_reclaim_gives_back_the_budget_reserved_by_a_dead_worker(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
     make(ledger, token_budget=100)
-    lease(ledger, "s1", lease_ms=SHORT_MS)
-    assert progress(ledger, "s1", "a1", 100, lease_ms=SHORT_MS) is Progress.STOP
+    assert lease(ledger, "s1", lease_ms=SHORT_MS, want=100) == 100
     assert ledger.enqueue(DS, ["s2"], window=10) == [-3]
     time.sleep(EXPIRE_S)
 
     assert ledger.reclaim(DS) == 1
 
+    assert reservations(redis_client) == {}
+    assert ledger.snapshot(DS).reserved_tokens == 0
     assert ledger.enqueue(DS, ["s2"], window=10) == [1]
-    lease(ledger, "s2")
+    assert lease(ledger, "s2", want=100) == 100
 
 
 def test_reclaim_does_not_make_a_committed_sample_pending(ledger: Ledger) -> None:

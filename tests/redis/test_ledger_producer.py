@@ -13,7 +13,7 @@ from budget.ledger import (
     ENQUEUE_SKIP,
     ENQUEUE_WINDOW_FULL,
 )
-from tests.support.ledger import DS, commit_new, make, progress, queued
+from tests.support.ledger import DS, MAX_NEW, commit_new, lease, make, queued, report_live
 
 pytestmark = pytest.mark.redis
 
@@ -127,44 +127,66 @@ def test_enqueue_returns_not_active_for_an_exhausted_dataset(ledger: Ledger) -> 
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_NOT_ACTIVE]
 
 
-def test_enqueue_returns_budget_in_flight_when_live_tokens_reach_the_budget(
+def test_enqueue_under_truncate_returns_budget_in_flight_once_reservations_take_the_rest_of_the_budget(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
-    assert ledger.admit(DS, "s1", "a").admission is Admission.OK
-    progress(ledger, "s1", "a", 99)
-    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
+    commit_new(ledger, "c", 10)
+    assert lease(ledger, "s1") == MAX_NEW
+    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]  # 26 left: a partial cap still starts
 
-    progress(ledger, "s1", "a", 1)
+    assert lease(ledger, "s2") == 26  # 10 + 64 + 26 = 100
 
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
     assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
-    assert queued(redis_client) == {"s2"}
+    assert queued(redis_client) == set()
 
 
-def test_enqueue_counts_committed_discarded_and_live_tokens_together_against_the_budget(
+def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) -> None:
+    make(ledger, token_budget=100)
+    assert lease(ledger, "s1", want=50) == 50
+    report_live(ledger, "s1", "a1", 50)  # status only: its 50 are reserved already
+
+    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
+
+
+def test_enqueue_under_discard_returns_budget_in_flight_once_less_than_max_new_tokens_is_free(
     ledger: Ledger,
 ) -> None:
-    make(ledger, token_budget=100, on_budget="discard")
-    commit_new(ledger, "c", 1)  # a short mean, so the in-flight sample is expected to add nothing
+    make(ledger, token_budget=200, on_budget="discard")
+    commit_new(ledger, "c", 1)
     assert ledger.admit(DS, "d", "a").admission is Admission.OK
     ledger.release(DS, "d", "a", "discarded", thrown_away_tokens=30, counts_against_budget=True)
-    assert ledger.admit(DS, "l", "a").admission is Admission.OK
-    progress(ledger, "l", "a", 68)
+    assert lease(ledger, "l", "a") == MAX_NEW
+    # 200 - 1 committed - 30 discarded - 64 reserved = 105: room for a whole reservation
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
 
-    progress(ledger, "l", "a", 1)  # 1 + 30 + 69 = 100
+    assert lease(ledger, "s1", "a", want=42) == 42  # 63 free now, less than max_new_tokens
+
+    assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
+    assert ledger.snapshot(DS).state == DatasetState.ACTIVE
+
+
+def test_enqueue_under_drain_counts_committed_live_and_expected_tokens_against_the_budget(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=100, on_budget="drain")
+    commit_new(ledger, "c", 1)  # a short mean, so the in-flight sample is expected to add nothing
+    assert lease(ledger, "l", "a") == 0
+    report_live(ledger, "l", "a", 98)
+    assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
+
+    report_live(ledger, "l", "a", 99)  # 1 + 99 = 100
 
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
 
-def test_enqueue_publishes_again_once_the_live_tokens_are_given_back(ledger: Ledger) -> None:
+def test_enqueue_publishes_again_once_a_reservation_is_given_back(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    assert ledger.admit(DS, "s1", "a").admission is Admission.OK
-    progress(ledger, "s1", "a", 100)
+    assert lease(ledger, "s1", "a", want=100) == 100
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
-    ledger.release(DS, "s1", "a", "worker shutdown", thrown_away_tokens=100)
+    ledger.release(DS, "s1", "a", "worker shutdown", thrown_away_tokens=40)
 
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 

@@ -10,10 +10,12 @@ from budget import Admission, CommitOutcome, DatasetLimits, Ledger, Progress
 from budget.keys import DatasetKeys, dataset_keys
 
 DS = "ds"
+#: The dataset's max_new_tokens (``SPEC["sampling"]``): what admit reserves for a generation that asks
+#: for the dataset's default (``want`` 0) under a token budget.
+MAX_NEW = 64
 SPEC: dict[str, Any] = {
     "servers": ["http://gen:30000"],
-    "sampling": {"temperature": 0.7},
-    "max_new_tokens": 64,
+    "sampling": {"temperature": 0.7, "max_new_tokens": MAX_NEW},
 }
 #: A lease short enough to expire in a test, and a sleep long enough to see it expired (the scripts
 #: read Redis's own clock).
@@ -33,21 +35,34 @@ def make(
     return ledger.register(name, DatasetLimits(token_budget, max_samples, on_budget), spec or SPEC)
 
 
-def lease(ledger: Ledger, sid: str, attempt: str = "a1", lease_ms: int = 60_000, name: str = DS) -> None:
-    result = ledger.admit(name, sid, attempt, lease_ms=lease_ms)
+def lease(
+    ledger: Ledger, sid: str, attempt: str = "a1", lease_ms: int = 60_000, name: str = DS, want: int = 0
+) -> int:
+    """Admit ``sid`` for ``attempt`` (it must be admitted); returns the tokens reserved for it (its cap)."""
+    result = ledger.admit(name, sid, attempt, lease_ms=lease_ms, want=want)
     assert result.admission is Admission.OK, result
+    return result.cap
 
 
 def commit_new(ledger: Ledger, sid: str, tokens: int, truncated: bool = False, name: str = DS) -> None:
-    """Admit ``sid`` with a fresh attempt and commit ``tokens`` for it."""
-    lease(ledger, sid, f"{sid}-a1", name=name)
+    """Admit ``sid`` with a fresh attempt, wanting ``tokens`` (its reservation, so the budget has room
+    for it), and commit ``tokens`` for it."""
+    lease(ledger, sid, f"{sid}-a1", name=name, want=max(1, tokens))
     assert ledger.commit(name, sid, f"{sid}-a1", tokens, truncated) is CommitOutcome.COMMITTED
 
 
-def progress(ledger: Ledger, sid: str, attempt: str, n: int, lease_ms: int = 60_000) -> Progress:
-    """Report ``n`` new tokens; the action only (the state it returns is tested on its own)."""
-    action, _state = ledger.progress(DS, sid, attempt, n, lease_ms=lease_ms)
+def progress(ledger: Ledger, sid: str, attempt: str, lease_ms: int = 60_000, name: str = DS) -> Progress:
+    """Ask whether ``attempt`` may go on; the action only (the state it returns is tested on its own)."""
+    action, _state = ledger.progress(name, sid, attempt, lease_ms=lease_ms)
     return action
+
+
+def report_live(
+    ledger: Ledger, sid: str, attempt: str, tokens: int, lease_ms: int = 60_000, name: str = DS
+) -> bool:
+    """Renew ``attempt``'s lease and report the ``tokens`` its generation has produced so far (absolute,
+    as the worker's lease keeper does); whether the lease is still held."""
+    return ledger.renew_many(name, [(sid, attempt, tokens)], lease_ms=lease_ms)[0]
 
 
 def keys(name: str = DS) -> DatasetKeys:
@@ -65,3 +80,16 @@ def queued(redis_client: redis.Redis, name: str = DS) -> set[str]:
 def owner(redis_client: redis.Redis, sid: str, name: str = DS) -> str | None:
     value = redis_client.hget(keys(name).lease_owner_hash, sid)
     return None if value is None else str(value)
+
+
+def reservations(redis_client: redis.Redis, name: str = DS) -> dict[str, int]:
+    """Each in-flight sample's reservation (the reserved hash)."""
+    return {str(sid): int(n) for sid, n in redis_client.hgetall(keys(name).reserved_hash).items()}
+
+
+def budget_taken(redis_client: redis.Redis, name: str = DS) -> int:
+    """Committed + discarded + reserved tokens, read in one command (one consistent moment)."""
+    tokens, discarded, reserved = redis_client.hmget(
+        keys(name).ledger_hash, ["tokens", "discarded_tokens", "reserved_tokens"]
+    )
+    return int(tokens or 0) + int(discarded or 0) + int(reserved or 0)

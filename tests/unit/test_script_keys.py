@@ -57,9 +57,7 @@ def test_a_script_with_variable_keys_documents_their_layout(name: str) -> None:
 
 def test_the_loader_binds_the_declared_keys_before_the_body() -> None:
     source = script_source("progress")
-    binding = (
-        "local ledger, leases, owners, live, rate_tokens = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]\n"
-    )
+    binding = "local ledger, leases, owners = KEYS[1], KEYS[2], KEYS[3]\n"
     assert binding in source
     assert source.index(binding) < source.index("-- progress:")
 
@@ -74,6 +72,13 @@ def test_every_key_name_stands_for_a_dataset_server_or_named_key() -> None:
 def test_calls_are_built_in_the_declared_order() -> None:
     k = dataset_keys("ds")
     assert dataset_script_keys("purge_queue", k, queue="celery") == ["celery", k.queued_zset, k.pending_hash]
-    assert dataset_script_keys("renew", k) == [k.lease_zset, k.lease_owner_hash]
+    assert dataset_script_keys("renew", k) == [
+        k.ledger_hash,
+        k.lease_zset,
+        k.lease_owner_hash,
+        k.live_hash,
+        k.rate_tokens_hash,
+    ]
+    assert dataset_script_keys("admit", k)[6:8] == [k.live_hash, k.reserved_hash]
     s = server_keys("http://a:1")
     assert server_script_keys("server_report", s) == [s.health_hash, s.probe_str]
