@@ -187,7 +187,9 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
                 )
                 cpu.start()
                 rmeter.start()
-                _, f = run_fleet(url, redis_url, rows, w["max_new_tokens"], Path(tmp) / f"f{i}", extra=args.extra)
+                _, f = run_fleet(
+                    url, redis_url, rows, w["max_new_tokens"], Path(tmp) / f"f{i}", extra=args.extra
+                )
                 r, c = rmeter.stop(), cpu.stop()
                 results["fleet"].append(
                     {
@@ -206,7 +208,7 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
                     file=sys.stderr,
                 )
 
-        def med(who: str, key: str) -> float:
+        def med(who: str, key: str, results: dict[str, list[dict[str, float]]] = results) -> float:
             return median([r.get(key, 0.0) for r in results[who]])
 
         rows_out = [
@@ -236,9 +238,13 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
             f"{args.processes}, medians of {args.repeats} runs {args.extra}\n"
         )
         out.append(print_table(["per", "plain client", "fleet", "ratio / goal"], rows_out))
-        keys = sorted({k for r in results["fleet"] for k in r if k.startswith("cmd:")}, key=lambda k: -med("fleet", k))
+        keys = sorted(
+            {k for r in results["fleet"] for k in r if k.startswith("cmd:")}, key=lambda k: -med("fleet", k)
+        )
         print("\nRedis commands per sample, by command (medians):\n")
-        out.append(print_table(["command", "per sample"], [[k[4:], f"{med('fleet', k):.2f}"] for k in keys[:14]]))
+        out.append(
+            print_table(["command", "per sample"], [[k[4:], f"{med('fleet', k):.2f}"] for k in keys[:14]])
+        )
     return out
 
 
@@ -370,12 +376,17 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
                 tempfile.TemporaryDirectory() as tmp,
                 embedded_redis(Path(tmp) / "redis") as redis_url,
                 sim_process(
-                    step_time_s=args.step_time_s, max_running_requests=inflight, output_len_mean=400, output_len_sigma=0.5
+                    step_time_s=args.step_time_s,
+                    max_running_requests=inflight,
+                    output_len_mean=400,
+                    output_len_sigma=0.5,
                 ) as url,
                 workers(redis_url, args.processes, None, Path(tmp) / "logs"),
             ):
                 n = int(budget / 400 * 1.6) + inflight
-                name, f = run_fleet(url, redis_url, prompts(n, seed=7), 2048, Path(tmp) / "f", token_budget=budget)
+                name, f = run_fleet(
+                    url, redis_url, prompts(n, seed=7), 2048, Path(tmp) / "f", token_budget=budget
+                )
                 server = int(sim_stats(url)["by_prefix"].get(dataset_tag(name), 0))
                 snap = Ledger.from_url(redis_url).snapshot(name)
                 rows.append(
@@ -393,7 +404,15 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
     print("\nbudgets (truncate), server tokens counted by the simulator per dataset:\n")
     return [
         print_table(
-            ["budget", "in flight", "server tokens", "server / budget (goal <= 1.02)", "waste (goal <= 2%)", "truncated", "run"],
+            [
+                "budget",
+                "in flight",
+                "server tokens",
+                "server / budget (goal <= 1.02)",
+                "waste (goal <= 2%)",
+                "truncated",
+                "run",
+            ],
             rows,
         )
     ]
@@ -417,19 +436,39 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                 ratios, a_tps, f_tps = [], [], []
                 for i in range(args.repeats):
                     rows_in = prompts(n, seed=500 + i)
-                    a = asyncio.run(anchor(url, rows_in, inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl"))
+                    a = asyncio.run(
+                        anchor(url, rows_in, inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl")
+                    )
                     _, f = run_fleet(url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}")
                     fleet_tps = f["tokens"] / f["elapsed_s"]
                     a_tps.append(a["tokens_per_s"])
                     f_tps.append(fleet_tps)
                     ratios.append(fleet_tps / a["tokens_per_s"])
-                    print(f"  defaults {workload} {inflight}: {fleet_tps / a['tokens_per_s']:.3f}", file=sys.stderr)
+                    print(
+                        f"  defaults {workload} {inflight}: {fleet_tps / a['tokens_per_s']:.3f}",
+                        file=sys.stderr,
+                    )
                 rows.append(
-                    [workload, inflight, f"{median(a_tps):,.0f}", f"{median(f_tps):,.0f}", f"{median(ratios):.3f}"]
+                    [
+                        workload,
+                        inflight,
+                        f"{median(a_tps):,.0f}",
+                        f"{median(f_tps):,.0f}",
+                        f"{median(ratios):.3f}",
+                    ]
                 )
     print(f"\ndefaults: one `tokenfleet worker` with no options, medians of {args.repeats} paired runs\n")
     return [
-        print_table(["workload", "in flight (server cap)", "plain client tok/s", "fleet tok/s", "ratio (goal >= 0.95)"], rows)
+        print_table(
+            [
+                "workload",
+                "in flight (server cap)",
+                "plain client tok/s",
+                "fleet tok/s",
+                "ratio (goal >= 0.95)",
+            ],
+            rows,
+        )
     ]
 
 
@@ -447,10 +486,14 @@ def main() -> int:
     p.add_argument("--workloads", nargs="+", default=["mean400", "mean2000"], choices=list(WORKLOADS))
     p.add_argument("--inflight", type=int, default=256, help="fleet: requests in flight (the server's cap)")
     p.add_argument("--requests", type=int, default=0, help="fleet: requests per run (default: ~600k tokens)")
-    p.add_argument("--processes", type=int, default=1, help="worker commands started (default worker command)")
+    p.add_argument(
+        "--processes", type=int, default=1, help="worker commands started (default worker command)"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--step-time-s", type=float, default=0.02)
-    p.add_argument("--extra", default="", help="fleet: extra top-level config lines (e.g. samples_per_task = 1)")
+    p.add_argument(
+        "--extra", default="", help="fleet: extra top-level config lines (e.g. samples_per_task = 1)"
+    )
     p.add_argument("--generators", type=int, default=2, help="ledger-only: load generator processes")
     p.add_argument("--ledger-budgets", type=int, nargs="+", default=[10_000_000])
     p.add_argument("--ledger-inflight", type=int, nargs="+", default=[64, 1024])

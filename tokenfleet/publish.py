@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -19,7 +20,6 @@ from workers.messages import (
     SAMPLE_ID_HEADER,
     SAMPLE_IDS_HEADER,
 )
-
 
 #: Samples per message at most (one message's samples run at once on one worker thread's group).
 MAX_GROUP: Final = 64
@@ -59,10 +59,8 @@ class GroupSizer:
     def __call__(self, dataset: str) -> int:
         with self._lock:
             if time.monotonic() - self._read_at > FLEET_READ_EVERY_S:
-                try:
+                with contextlib.suppress(Exception):  # a failed read keeps the last figure
                     self._threads = self._fleet_threads()
-                except Exception:  # noqa: BLE001 - a failed read keeps the last figure
-                    pass
                 self._read_at = time.monotonic()
             threads = self._threads
         k = group_size(self._wanted.get(dataset), threads)

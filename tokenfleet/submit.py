@@ -41,7 +41,7 @@ from tokenfleet.fingerprint import (
     settings_of,
     source_fingerprint,
 )
-from tokenfleet.publish import TaskPublisher
+from tokenfleet.publish import GroupSizer, TaskPublisher
 from tokenfleet.reconcile import count_part_lines, disagreement, reconcile_dataset
 from tokenfleet.server_facts import ServerFacts, learn, smallest
 from tokenfleet.status_view import fleet_view
@@ -91,6 +91,23 @@ def learn_servers(cfg: FleetConfig) -> dict[str, ServerFacts]:
     return facts
 
 
+def server_caps(cfg: FleetConfig, servers: Mapping[str, ServerFacts]) -> dict[str, int | None]:
+    """Generations in flight per server, fleet-wide (workers.server_picker). Default: the batch size in
+    force, so requests wait in our queue rather than in the server's, where a stop could not reach them
+    before they are prefilled. A server that does not tell (down now, or an sglang-router, which has no
+    /server_info) gets no cap."""
+    return {
+        url: cfg.server.max_inflight_per_server or (servers[url].batch_size if url in servers else None)
+        for url in cfg.server.urls
+    }
+
+
+def wanted_inflight(cfg: FleetConfig, servers: Mapping[str, ServerFacts]) -> int | None:
+    """Generations the servers can run at once (their caps' sum), or None when one has no cap."""
+    caps = server_caps(cfg, servers).values()
+    return None if any(c is None for c in caps) else sum(c for c in caps if c is not None)
+
+
 def dataset_spec(
     cfg: FleetConfig,
     name: str,
@@ -103,14 +120,7 @@ def dataset_spec(
     ds = next(d for d in cfg.datasets if d.name == name)
     if servers is None:
         servers = learn_servers(cfg)
-    # Generations in flight per server, fleet-wide (workers.server_picker). Default: the batch size in
-    # force, so requests wait in our queue rather than in the server's, where a stop could not reach them
-    # before they are prefilled. A server that does not tell (down now, or an sglang-router, which has no
-    # /server_info) gets no cap.
-    caps: dict[str, int | None] = {
-        url: cfg.server.max_inflight_per_server or (servers[url].batch_size if url in servers else None)
-        for url in cfg.server.urls
-    }
+    caps = server_caps(cfg, servers)
     return DatasetSpec(
         servers=tuple(cfg.server.urls),
         output_dir=str(cfg.output_dir),
@@ -463,8 +473,13 @@ def run_submit(
             console.print(f"[yellow]{name} is {state}: nothing is fed until `tokenfleet resume {name}`[/]")
     console.print(f"submitted {len(states)} dataset(s) to {redact_url(cfg.redis_url)}; waiting for workers")
 
+    sizer = GroupSizer(
+        {ds.name: wanted_inflight(cfg, servers) for ds in cfg.datasets},
+        lambda: sum(int(w.get("concurrency") or 0) for w in ledger.workers()),
+        say=lambda line: console.print(escape(line), soft_wrap=True),
+    )
     feeder = Feeder(
-        ledger, TaskPublisher(app, cfg.samples_per_task), feeds, window=window, queue_key=QUEUE_NAME
+        ledger, TaskPublisher(app, cfg.samples_per_task, sizer), feeds, window=window, queue_key=QUEUE_NAME
     )
 
     def on_lost_ledger() -> None:
@@ -477,7 +492,7 @@ def run_submit(
         )
         adopt_outputs(cfg, ledger, console, identity, storage_token, only=missing, servers=servers)
         # The broker's queue and routing went with it: publish through a new connection.
-        feeder.publish = TaskPublisher(make_app(cfg.redis_url), cfg.samples_per_task)
+        feeder.publish = TaskPublisher(make_app(cfg.redis_url), cfg.samples_per_task, sizer)
 
     def observed(show: Callable[[list[DatasetSnapshot]], None]) -> Callable[[list[DatasetSnapshot]], None]:
         def tick(snaps: list[DatasetSnapshot]) -> None:

@@ -27,8 +27,9 @@ from workers.sink import OutputSink
 
 log = logging.getLogger(__name__)
 
-#: Threads a worker process may use for group tasks' samples (its Celery threads x samples_per_task).
-GROUP_POOL_THREADS = 256
+#: Threads a worker process may use for group tasks' samples (its Celery threads x samples per task, which
+#: the producer sizes to the servers' caps: up to 64 per task). Made as they are needed.
+GROUP_POOL_THREADS = 4096
 
 _runner: SampleRunner | None = None
 _runner_lock = threading.Lock()
@@ -72,6 +73,13 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
         lambda: {"concurrency": concurrency, "inflight": r.keeper.count},
     )
     _heartbeat.start()
+    log.warning(
+        "tokenfleet worker %s: %s task threads; each task runs its samples at once (up to %d generations "
+        "in this process); submit sizes tasks to the servers' caps and the threads online",
+        getattr(sender, "hostname", ""),
+        concurrency,
+        GROUP_POOL_THREADS,
+    )
 
 
 @signals.worker_shutdown.connect

@@ -47,7 +47,9 @@ if state == 'active' then
 end
 
 -- read once for the group: a command per sample would make the call's cost grow with the group
-local default_want = math.max(1, num(ledger, 'max_new_tokens'))
+-- (a dataset registered without max_new_tokens: SGLang's own default, 128, which its requests then get)
+local default_want = num(ledger, 'max_new_tokens')
+if default_want <= 0 then default_want = 128 end
 local out = {state, ''}
 local back, ok_sids, lease_args, owner_args, reserve_args, seen = {}, {}, {}, {}, {}, {}
 local reserved_now = 0

@@ -4,7 +4,8 @@
 -- KEYS: ledger, done, leases, owners, live, reserved, pending, rate_tokens, rate_samples
 -- ARGV: for each generation: sid, attempt, completion_tokens, truncated (0 | 1)
 -- Returns {state, outcome_1, outcome_2, ...}; outcome: committed | duplicate (already committed by
--- another attempt) | over_limit (max_samples already reached: not counted, so not exported) | revoked (the
+-- another attempt) | over_limit (max_samples already reached, or the attempt lost its lease, so holds no
+-- reservation, and the token budget has no room for it: not counted, so not exported) | revoked (the
 -- operator stopped the dataset: nothing more of it is counted or exported; the sample is pending) |
 -- unknown (forgotten).
 local n = #ARGV / 4
@@ -21,10 +22,13 @@ local live_of = redis.call('HMGET', live, unpack(sids))
 local reserved_of = redis.call('HMGET', reserved, unpack(sids))
 local is_done = redis.call('HMGET', done, unpack(sids))
 local f = redis.call('HMGET', ledger, 'state', 'max_samples', 'tokens', 'samples', 'truncated',
-  'live_tokens', 'reserved_tokens', 'wasted_tokens')
+  'live_tokens', 'reserved_tokens', 'wasted_tokens', 'token_budget', 'on_budget', 'discarded_tokens')
 local state, max = f[1], tonumber(f[2] or '')
 local tokens, samples, truncated = tonumber(f[3]) or 0, tonumber(f[4]) or 0, tonumber(f[5]) or 0
 local live_tokens, reserved_tokens, wasted = tonumber(f[6]) or 0, tonumber(f[7]) or 0, tonumber(f[8]) or 0
+-- an attempt that lost its lease has no reservation: it is counted only where the budget still has room
+local strict_budget = f[10] ~= 'drain' and tonumber(f[9] or '') or nil
+local discarded = tonumber(f[11]) or 0
 
 local dropped, done_args, committed_sids, back, committed_here, dropped_here = {}, {}, {}, {}, {}, {}
 local new_tokens, new_samples = 0, 0
@@ -32,7 +36,8 @@ out[1] = state
 for i = 1, n do
   local sid, attempt, k, cut = sids[i], ARGV[4 * i - 2], tonumber(ARGV[4 * i - 1]), ARGV[4 * i]
   local generated = k
-  if owner[i] == attempt and not dropped_here[sid] then
+  local holds = owner[i] == attempt
+  if holds and not dropped_here[sid] then
     -- the tokens not reported live yet count as generated now; the reservation is given back (once: a
     -- sid listed twice in the batch must not give back its lease's live tokens and reservation twice)
     dropped_here[sid] = true
@@ -51,6 +56,8 @@ for i = 1, n do
     back[#back + 1] = sid
     back[#back + 1] = 'revoked'
   elseif max and samples >= max then
+    outcome = 'over_limit'
+  elseif not holds and strict_budget and tokens + discarded + reserved_tokens + k > strict_budget then
     outcome = 'over_limit'
   end
   if outcome == 'committed' then

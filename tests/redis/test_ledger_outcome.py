@@ -506,3 +506,19 @@ def test_reclaim_does_not_make_a_committed_sample_pending(ledger: Ledger) -> Non
     assert ledger.pending_ids(DS) == set()
     ledger.set_source(DS, total=1, done=True)
     assert ledger.snapshot(DS).settled is True
+
+
+def test_a_commit_without_the_lease_is_refused_where_the_budget_has_no_room_for_it(ledger: Ledger) -> None:
+    # An attempt whose lease expired holds no reservation: its late commit must not push committed +
+    # reserved past the budget (truncate, discard). Where there is room it still counts.
+    make(ledger, token_budget=100)
+    assert lease(ledger, "s1", "new", want=70) == 70  # the sample's new attempt reserves 70
+    assert lease(ledger, "s2", "a1", want=20) == 20
+
+    outcomes = ledger.commit_many(DS, [CommitItem("s1", "old", 15), CommitItem("s3", "old", 10)])
+
+    # s1: 0 committed + 90 reserved + 15 > 100: refused; s3: 90 + 10 fits
+    assert outcomes == [CommitOutcome.OVER_LIMIT, CommitOutcome.COMMITTED]
+    snap = ledger.snapshot(DS)
+    assert (snap.tokens, snap.reserved_tokens, snap.wasted_tokens) == (10, 90, 15)
+    assert snap.tokens + snap.reserved_tokens <= 100

@@ -107,7 +107,7 @@ def test_a_full_config_loads_with_absolute_paths_and_merged_sampling(project: Pa
         token_budget=10_000_000,
         max_samples=7000,
         on_budget="discard",
-        sampling={"max_new_tokens": 4096, "temperature": 0.2, "stop": ["</s>"], "stream_interval": 8},
+        sampling={"max_new_tokens": 4096, "temperature": 0.2, "stop": ["</s>"]},
     )
     assert second.name == "second.v2-x"
     assert second.path.is_absolute()
@@ -118,7 +118,6 @@ def test_a_full_config_loads_with_absolute_paths_and_merged_sampling(project: Pa
         "max_new_tokens": 4096,
         "temperature": 0.7,
         "stop": ["</s>"],
-        "stream_interval": 8,
     }
     assert cfg.get_dataset("second.v2-x") is second
 
@@ -155,8 +154,9 @@ def test_a_relative_config_path_is_named_as_given_and_resolved(
 def test_max_new_tokens_defaults_to_sglangs_128_when_absent(project: Path) -> None:
     path = write_config(project, BASE + "[dataset.sampling]\ntemperature = 0.5\n")
     cfg = load_config(path, env={})
-    # The effective sampling: what is sent, with the defaults tokenfleet applies (stream_interval 8).
-    assert cfg.datasets[0].sampling == {"temperature": 0.5, "max_new_tokens": 128, "stream_interval": 8}
+    # The effective sampling: what is sent, with the default tokenfleet applies. No stream_interval: a
+    # worker picks one per request when the dataset sets none (workers/stream_pacing.py).
+    assert cfg.datasets[0].sampling == {"temperature": 0.5, "max_new_tokens": 128}
     assert SGLANG_DEFAULT_MAX_NEW_TOKENS == 128
     assert cfg.sampling == {}  # the top-level table is left as written
 
