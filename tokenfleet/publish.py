@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -21,56 +19,40 @@ from workers.messages import (
     SAMPLE_IDS_HEADER,
 )
 
-#: Samples per message at most (one message's samples run at once on one worker thread's group).
-MAX_GROUP: Final = 64
-#: The fleet's threads are read from the workers' heartbeats at most this often.
-FLEET_READ_EVERY_S: Final = 5.0
-#: Samples admitted per sample the servers can run: a message's thread is free only once its last sample
-#: ends, so twice the servers' batches keeps them full while the groups' stragglers finish.
-OVERBOOK: Final = 2
+#: Samples per message at most.
+MAX_GROUP: Final = 32
+#: Messages per server batch: a worker takes a message once it has room for its samples, so a group is
+#: about this fraction of what the servers run at once (a message's cost is shared by its samples).
+GROUPS_PER_BATCH: Final = 8
 
 
-def group_size(wanted_inflight: int | None, fleet_threads: int) -> int:
-    """Samples per message so that the fleet's task threads hold about ``OVERBOOK`` x the generations the
-    servers can run at once (``wanted_inflight``: the sum of their caps; None: unknown, taken as 256)."""
-    wanted = OVERBOOK * (wanted_inflight or 256)
-    return max(1, min(MAX_GROUP, math.ceil(wanted / max(1, fleet_threads))))
+def group_size(wanted_inflight: int | None) -> int:
+    """Samples per message for servers that run ``wanted_inflight`` generations at once (the sum of their
+    caps; None: unknown, taken as 256)."""
+    return max(1, min(MAX_GROUP, math.ceil((wanted_inflight or 256) / GROUPS_PER_BATCH)))
 
 
 class GroupSizer:
-    """``samples_per_task = "auto"``: each publish sizes its messages from the dataset's servers' caps and
-    the task threads of the workers online now (their heartbeats), so the fleet keeps its servers full
-    without anyone choosing a group size; it says what it chose when that changes."""
+    """``samples_per_task = "auto"``: each dataset's messages are sized from its servers' caps, so nobody
+    has to choose a group size; it says what it chose."""
 
     def __init__(
-        self,
-        wanted_inflight: dict[str, int | None],
-        fleet_threads: Callable[[], int],
-        say: Callable[[str], None] = lambda _: None,
+        self, wanted_inflight: dict[str, int | None], say: Callable[[str], None] = lambda _: None
     ) -> None:
         self._wanted = wanted_inflight
-        self._fleet_threads = fleet_threads
         self._say = say
         self._lock = threading.Lock()
-        self._threads = 0
-        self._read_at = -math.inf
         self._chosen: dict[str, int] = {}
 
     def __call__(self, dataset: str) -> int:
+        wanted = self._wanted.get(dataset)
+        k = group_size(wanted)
         with self._lock:
-            if time.monotonic() - self._read_at > FLEET_READ_EVERY_S:
-                with contextlib.suppress(Exception):  # a failed read keeps the last figure
-                    self._threads = self._fleet_threads()
-                self._read_at = time.monotonic()
-            threads = self._threads
-        k = group_size(self._wanted.get(dataset), threads)
-        if self._chosen.get(dataset) != k:
+            if self._chosen.get(dataset) == k:
+                return k
             self._chosen[dataset] = k
-            wanted = self._wanted.get(dataset)
-            self._say(
-                f"{dataset}: {k} sample(s) per task ({wanted or 'unknown, taken as 256'} in flight wanted on "
-                f"its servers, {threads or 'no'} worker thread(s) online)"
-            )
+        shown = f"{wanted:,}" if wanted else "unknown (taken as 256)"
+        self._say(f"{dataset}: {k} sample(s) per task ({shown} generations at once on its servers)")
         return k
 
 
@@ -96,7 +78,7 @@ class TaskPublisher:
 
     def group_size(self, dataset: str) -> int:
         if self.samples_per_task == "auto":
-            return self.sizer(dataset) if self.sizer is not None else group_size(None, 0)
+            return self.sizer(dataset) if self.sizer is not None else group_size(None)
         return max(1, self.samples_per_task)
 
     def __call__(self, dataset: str, samples: Sequence[Sample]) -> None:

@@ -475,7 +475,6 @@ def run_submit(
 
     sizer = GroupSizer(
         {ds.name: wanted_inflight(cfg, servers) for ds in cfg.datasets},
-        lambda: sum(int(w.get("concurrency") or 0) for w in ledger.workers()),
         say=lambda line: console.print(escape(line), soft_wrap=True),
     )
     feeder = Feeder(

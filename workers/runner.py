@@ -149,16 +149,25 @@ class SampleRunner:
         samples: list[dict[str, Any]],
         mapper: Callable[[Callable[[Attempt], Outcome], list[Attempt]], Iterable[Outcome]] = map,
     ) -> list[Outcome]:
-        """Admit ``samples`` (one task's) in one ledger call, then generate the admitted ones, at once
-        through ``mapper`` (a thread pool's ``map``); each is leased, generated and committed on its own.
-        Returns one outcome per sample, in order."""
+        """Admit ``samples`` in one ledger call, then generate the admitted ones through ``mapper`` (a
+        thread pool's ``map`` runs them at once); returns one outcome per sample, in order."""
+        outcomes, attempts = self.admit_many(dataset, samples)
+        done = iter(mapper(self.run_admitted, attempts))
+        return [o if o is not None else next(done) for o in outcomes]
+
+    def admit_many(
+        self, dataset: str, samples: list[dict[str, Any]]
+    ) -> tuple[list[Outcome | None], list[Attempt]]:
+        """Admit ``samples`` (one task's) in one ledger call. Returns, per sample, its outcome when it was
+        dropped (None when admitted), and the admitted ones' attempts, in order: each holds its lease and
+        its reservation until ``run_admitted`` ends it."""
         sids = [str(s["sample_id"]) for s in samples]
         problem = self.output_guard.problem(dataset)
         if problem is not None:
             # This worker cannot write the dataset's output: no generation; the samples are fed again.
             self.sleep(HAND_BACK_WAIT_S)
             self.ledger.unqueue(dataset, sids, "output_unwritable")
-            return [Outcome("dropped", f"output_unwritable: {problem}") for _ in samples]
+            return [Outcome("dropped", f"output_unwritable: {problem}") for _ in samples], []
         attempt_ids = [uuid.uuid4().hex[:16] for _ in samples]
         wants = [self._want(dataset, s) for s in samples]
         asks = list(zip(sids, attempt_ids, wants, strict=True))
@@ -169,7 +178,7 @@ class SampleRunner:
         ]
         admitted = [i for i, o in enumerate(outcomes) if o is None]
         if not admitted:
-            return [o for o in outcomes if o is not None]
+            return outcomes, []
         if group.spec is None:  # cannot happen: the ledger sends the spec with any admission
             raise RuntimeError(f"{dataset}: admitted without a spec")
         self.stops.start()
@@ -182,7 +191,7 @@ class SampleRunner:
             for i in admitted:
                 self.ledger.release(dataset, sids[i], attempt_ids[i], "output_unwritable")
                 outcomes[i] = Outcome("dropped", f"output_unwritable: {problem}")
-            return [o for o in outcomes if o is not None]
+            return outcomes, []
         attempts = [
             Attempt(
                 dataset,
@@ -196,9 +205,7 @@ class SampleRunner:
             )
             for i in admitted
         ]
-        for i, outcome in zip(admitted, mapper(self._run_admitted, attempts), strict=True):
-            outcomes[i] = outcome
-        return [o for o in outcomes if o is not None]
+        return outcomes, attempts
 
     def _want(self, dataset: str, sample: dict[str, Any]) -> int:
         """The most tokens ``sample``'s generation may produce, for its reservation: max_new_tokens, times
@@ -216,7 +223,8 @@ class SampleRunner:
             return max_new
         return max_new * (conversation.replies if conversation is not None else 1)
 
-    def _run_admitted(self, a: Attempt) -> Outcome:
+    def run_admitted(self, a: Attempt) -> Outcome:
+        """Generate, record and commit one admitted sample; its lease is dropped at the end."""
         try:
             return self._generate(a)
         except OutputUnwritable as e:  # a failure record could not be written: as for a record

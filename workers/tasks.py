@@ -21,15 +21,12 @@ from workers.app import app, settings
 from workers.heartbeat import Heartbeat
 from workers.leases import LeaseKeeper
 from workers.messages import DATASET_STAMP, GENERATE_GROUP_TASK, GENERATE_TASK
-from workers.runner import SampleRunner
+from workers.room import MAX_ROOM, ProcessRoom
+from workers.runner import Attempt, SampleRunner
 from workers.sglang.client import SGLangClient
 from workers.sink import OutputSink
 
 log = logging.getLogger(__name__)
-
-#: Threads a worker process may use for group tasks' samples (its Celery threads x samples per task, which
-#: the producer sizes to the servers' caps: up to 64 per task). Made as they are needed.
-GROUP_POOL_THREADS = 4096
 
 _runner: SampleRunner | None = None
 _runner_lock = threading.Lock()
@@ -67,48 +64,90 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     global _heartbeat
     r = runner()
     concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
+    if isinstance(concurrency, int):
+        room.default(concurrency)
     _heartbeat = Heartbeat(
         r.ledger,
         str(getattr(sender, "hostname", "") or "worker"),
-        lambda: {"concurrency": concurrency, "inflight": r.keeper.count},
+        lambda: {"concurrency": concurrency, "inflight": r.keeper.count, "room": room.limit},
     )
     _heartbeat.start()
     log.warning(
-        "tokenfleet worker %s: %s task threads; each task runs its samples at once (up to %d generations "
-        "in this process); submit sizes tasks to the servers' caps and the threads online",
+        "tokenfleet worker %s: %s task threads take messages while this process has room: %d generations "
+        "at once, or twice the sum of a dataset's servers' caps where they have caps",
         getattr(sender, "hostname", ""),
         concurrency,
-        GROUP_POOL_THREADS,
+        room.limit,
     )
 
 
 @signals.worker_shutdown.connect
 def _stop_heartbeat(**_: Any) -> None:
+    # A warm shutdown: Celery took no more messages and its tasks returned; the generations they started
+    # finish and commit here (``docker compose stop`` waits ``stop_grace_period`` for it).
+    pool = _generation_pool
+    if pool is not None:
+        if room.used:
+            log.warning("waiting for %d generation(s) in flight to finish and commit", room.used)
+        pool.shutdown(wait=True)
     if _heartbeat is not None:
         _heartbeat.stop()
 
 
-_group_pool: ThreadPoolExecutor | None = None
+#: The generations this process runs at once (``workers.room``).
+room = ProcessRoom()
+_generation_pool: ThreadPoolExecutor | None = None
 
 
-def group_pool() -> ThreadPoolExecutor:
-    """Threads that run a group task's samples at once (each thread mostly waits on its HTTP stream)."""
-    global _group_pool
+def generation_pool() -> ThreadPoolExecutor:
+    """Threads that run admitted samples (each thread mostly waits on its HTTP stream); made as needed."""
+    global _generation_pool
     with _runner_lock:
-        if _group_pool is None:
-            _group_pool = ThreadPoolExecutor(max_workers=GROUP_POOL_THREADS, thread_name_prefix="tf-group")
-        return _group_pool
+        if _generation_pool is None:
+            _generation_pool = ThreadPoolExecutor(max_workers=MAX_ROOM, thread_name_prefix="tf-gen")
+        return _generation_pool
+
+
+def _run_in_room(attempt: Attempt) -> None:
+    try:
+        runner().run_admitted(attempt)
+    except Exception:  # the runner gave the sample back to the ledger; say why here
+        log.exception("%s/%s: generation failed", attempt.dataset, attempt.sid)
+    finally:
+        room.give(1)
 
 
 @app.task(name=GENERATE_GROUP_TASK, bind=True, acks_late=True, ignore_result=True)
 def generate_group(self: Task, dataset: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several samples of one dataset in one message (``samples_per_task``): admitted in one ledger call,
-    then run at once, each leased, generated and committed on its own, as ``generate`` does for one."""
-    outcomes = runner().run_many(dataset, samples, mapper=group_pool().map)
-    if all(o.outcome == "dropped" for o in outcomes):
-        reasons = sorted({o.reason for o in outcomes})
-        _report_dropped(self, ", ".join(reasons))
-    return {"outcomes": [o.as_dict() for o in outcomes]}
+    """Several samples of one dataset in one message (``samples_per_task``), admitted in one ledger call
+    once this process has room for them. Each admitted sample then runs in the generation pool on its own
+    (leased, generated, recorded and committed as ``generate`` does for one), and the task returns: its
+    message is acknowledged once its samples are admitted. From there the ledger holds them: a process
+    killed mid-generation leaves leases that expire, and submit feeds those samples again."""
+    r = runner()
+    room.take(len(samples))
+    try:
+        outcomes, attempts = r.admit_many(dataset, samples)
+    except BaseException:
+        room.give(len(samples))
+        raise
+    room.give(len(samples) - len(attempts))
+    if attempts:
+        room.fit(dataset, attempts[0].spec.max_inflight_per_server)
+    pool = generation_pool()
+    for attempt in attempts:
+        pool.submit(_run_in_room, attempt)
+    dropped = [o for o in outcomes if o is not None]
+    if not attempts:
+        _report_dropped(self, ", ".join(sorted({o.reason for o in dropped})))
+    return {
+        "admitted": len(attempts),
+        "dropped": [
+            o.as_dict() | {"sample_id": str(s["sample_id"])}
+            for s, o in zip(samples, outcomes, strict=True)
+            if o is not None
+        ],
+    }
 
 
 def _report_dropped(task: Task, reason: str) -> None:

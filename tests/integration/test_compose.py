@@ -615,7 +615,8 @@ def test_flower_saw_the_jobs_tasks_by_name_and_finds_them_by_dataset(stack: Loca
         time.sleep(0.5)
 
     assert tasks, "Flower recorded no task of the job: are task events on?"
-    assert {t["name"] for t in tasks.values()} == {"tokenfleet.generate"}
+    # samples_per_task "auto": several samples per message (tokenfleet.publish.GroupSizer)
+    assert {t["name"] for t in tasks.values()} == {"tokenfleet.generate_group"}
     assert all(f"'dataset': '{name}'" in t["kwargs"] for t in tasks.values())
 
 

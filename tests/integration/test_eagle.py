@@ -286,13 +286,14 @@ def test_a_budget_truncates_conversations_and_specforge_leaves_them_out_unless_a
     tmp_path: Path,
 ) -> None:
     name = unique("regen_budget")
-    # Short conversations end before the budget, long ones are cut by it.
+    # Short conversations end before the budget, long ones are cut by it: about 240 tokens are wanted
+    # (6 of 1 reply and 6 of 3, 10 tokens a reply), so a budget of 120 is surely reached.
     rows = [{"id": f"c{i}", "messages": chat(i, 1 if i % 2 else 3)} for i in range(12)]
     config = write_config(
         tmp_path,
         redis_url=fleet_redis_url,
         servers=[chat_sim.url],
-        datasets=[{"name": name, "rows": rows, "regenerate": "all", "token_budget": 200}],
+        datasets=[{"name": name, "rows": rows, "regenerate": "all", "token_budget": 120}],
         sampling=SAMPLING,
         top={"tokenizer": str(tokenizer_dir)},
     )
@@ -303,7 +304,8 @@ def test_a_budget_truncates_conversations_and_specforge_leaves_them_out_unless_a
     records = export(fleet_ledger, name, tmp_path)
     truncated = [r for r in records if r["truncated"]]
     assert snap.state == "exhausted"
-    assert snap.tokens == sum(r["completion_tokens"] for r in records)  # every reply's tokens counted
+    # every reply's tokens counted, and no reply passed the budget: each was capped by its reservation
+    assert snap.tokens == sum(r["completion_tokens"] for r in records) <= 120
     assert truncated and snap.truncated == len(truncated) < len(records)
     for r in truncated:
         assert r["completion_tokens"] == sum(len(t["output_ids"]) for t in replies_of(r))

@@ -98,10 +98,11 @@ def scrape(ledger: Ledger, metrics_url: str) -> Callable[[], dict[Series, float]
 
 
 def run_sample(ledger: Ledger, name: str, sid: str, streamed: int) -> str:
-    """Takes ``sid`` from the queue as a worker does and streams ``streamed`` tokens; returns the attempt."""
+    """Takes ``sid`` from the queue as a worker does and reports ``streamed`` tokens generated so far (as
+    its lease keeper does); returns the attempt."""
     attempt = f"attempt-{sid}"
     assert ledger.admit(name, sid, attempt).admission.value == "ok"
-    ledger.progress(name, sid, attempt, streamed)
+    assert ledger.renew_many(name, [(sid, attempt, streamed)]) == [True]
     return attempt
 
 
