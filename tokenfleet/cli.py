@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sim", help="serve the SGLang-compatible simulator (tokenfleet sim --help)", add_help=False
     )
 
-    s = with_redis(sub.add_parser("metrics", help="serve per-dataset counters for Prometheus on /metrics"))
+    s = with_redis(sub.add_parser("metrics", help="serve datasets, servers and workers for Prometheus"))
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=9808)
     s.set_defaults(func=cmd_metrics)

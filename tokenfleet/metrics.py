@@ -4,10 +4,16 @@
 the scraper asks for it). Nothing is cached: every scrape reads ``Ledger.snapshot`` of each dataset in
 ``Ledger.datasets()``, so the numbers are the ones ``tokenfleet status --json`` shows at that moment.
 
-Every series has a ``dataset`` label. A limit that is not set (no ``token_budget``, no ``max_samples``) has
-no series, so ``tokenfleet_dataset_tokens / tokenfleet_dataset_token_budget`` is defined exactly for the
-datasets that have a budget. ``tokenfleet_ledger_up`` is 0 when Redis did not answer the scrape (the
-dataset series are then absent), instead of the scrape failing.
+Every ``tokenfleet_dataset_*`` series has a ``dataset`` label. A limit that is not set (no ``token_budget``,
+no ``max_samples``) has no series, so ``tokenfleet_dataset_tokens / tokenfleet_dataset_token_budget`` is
+defined exactly for the datasets that have a budget. ``tokenfleet_ledger_up`` is 0 when Redis did not
+answer the scrape (every other series is then absent), instead of the scrape failing.
+
+Beside the datasets: each server the workers pick among (``tokenfleet_server_*``, label ``server``, the
+URL without credentials), as the fleet-wide server board holds it, and each worker online
+(``tokenfleet_worker_*``, label ``worker``) with its code version, as its heartbeat says. Totals that only
+grow are counters (``*_total``), so ``rate()`` works on them. The names are listed in
+docs/operations.md; the Grafana dashboard in ``compose/monitoring/`` is built on them.
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from budget import DatasetSnapshot, Ledger, LedgerError, UnknownDataset
 from budget.ledger import DatasetState, connect
-from budget.urls import redis_url_from_env
+from budget.server_board import ServerLedger, ServerStatus
+from budget.urls import redact_url, redis_url_from_env
+from tokenfleet.status_view import project
+from workers.version import full_version
 
 __all__ = [
     "DEFAULT_PORT",
@@ -112,11 +121,149 @@ GAUGES: Final[tuple[_Gauge, ...]] = (
 STATES: Final[tuple[str, ...]] = tuple(s.value for s in DatasetState)
 
 
+@dataclass(frozen=True, slots=True)
+class _Figure:
+    """One per-dataset series that is not a ledger field as such: a counter of a total that only grows,
+    or a figure of ``tokenfleet status`` (its rates and projections)."""
+
+    name: str
+    help: str
+    value: Callable[[DatasetSnapshot], float | None]
+
+
+#: Totals that only grow, as counters (exposed with ``_total``): ``rate()`` of them is the fleet's
+#: throughput as Prometheus sees it. They equal the gauges of the same figures above.
+DATASET_COUNTERS: Final[tuple[_Figure, ...]] = (
+    _Figure(
+        "committed_tokens",
+        "Committed completion tokens (the tokens gauge, as a counter).",
+        lambda s: s.tokens,
+    ),
+    _Figure("committed_samples", "Samples committed (the samples gauge, as a counter).", lambda s: s.samples),
+    _Figure("failed_samples", "Samples marked failed (the failed gauge, as a counter).", lambda s: s.failed),
+)
+
+#: What ``tokenfleet status`` computes from the ledger: its rates (over the ledger's own window) and its
+#: projections (``tokenfleet.status_view.project``). A figure status shows as "-" has no series.
+DATASET_FIGURES: Final[tuple[_Figure, ...]] = (
+    _Figure(
+        "tokens_per_second",
+        "Tokens generated per second over the ledger's last 10 s (status: tok/s).",
+        lambda s: s.tokens_per_s,
+    ),
+    _Figure(
+        "samples_per_second",
+        "Samples committed per second over the ledger's last 10 s (status: samples/s).",
+        lambda s: s.samples_per_s,
+    ),
+    _Figure(
+        "eta_seconds",
+        "Seconds until the dataset settles at the current rates, 0 once settled (absent while unknown).",
+        lambda s: project(s).eta_s,
+    ),
+    _Figure(
+        "eta_budget_seconds",
+        "Seconds until the token budget is reached at the current rate (absent: no budget, or no rate).",
+        lambda s: project(s).eta_budget_s,
+    ),
+    _Figure(
+        "projected_overshoot_tokens",
+        "Tokens past the budget: the actual figure once exhausted, else what on_budget is expected to cost "
+        "(absent without a budget).",
+        lambda s: project(s).overshoot_tokens,
+    ),
+    _Figure(
+        "projected_waste_tokens",
+        "Tokens generated and not kept by on_budget = discard, actual or expected (absent without a budget).",
+        lambda s: project(s).waste_tokens,
+    ),
+)
+
+SERVER_PREFIX: Final = "tokenfleet_server_"
+WORKER_PREFIX: Final = "tokenfleet_worker_"
+
+
+@dataclass(frozen=True, slots=True)
+class _ServerFigure:
+    """One per-server series from the fleet-wide server board (``budget.server_board``)."""
+
+    name: str
+    help: str
+    value: Callable[[ServerStatus], float | None]
+    counter: bool = False
+
+
+#: Per server, label ``server``: the board's figures as ``tokenfleet status`` shows them.
+SERVER_FIGURES: Final[tuple[_ServerFigure, ...]] = (
+    _ServerFigure(
+        "up", "1 while the fleet counts the server up, 0 while it is marked down.", lambda s: int(s.up)
+    ),
+    _ServerFigure(
+        "inflight", "Generations in flight on the server, fleet-wide (unexpired slots).", lambda s: s.inflight
+    ),
+    _ServerFigure(
+        "cap", "Fleet-wide cap of generations in flight on it (absent without one).", lambda s: s.cap
+    ),
+    _ServerFigure(
+        "requests_per_second",
+        "Requests finished per second over the board's last 10 s.",
+        lambda s: s.requests_per_s,
+    ),
+    _ServerFigure(
+        "fails_in_a_row", "Failures in a row now (a success resets it).", lambda s: s.fails_in_a_row
+    ),
+    _ServerFigure(
+        "requests_started", "Generations started on the server.", lambda s: s.started, counter=True
+    ),
+    _ServerFigure("failures", "Failures reported against the server.", lambda s: s.failures, counter=True),
+    _ServerFigure("downs", "Times the server was marked down.", lambda s: s.downs, counter=True),
+)
+
+
+class _WorkerFamilies:
+    """The per-worker families of one scrape, and this server's own version."""
+
+    def __init__(self) -> None:
+        self.info = InfoMetricFamily(
+            WORKER_PREFIX.rstrip("_"),
+            "A worker online (a heartbeat within the last 30 s), with its host and code version.",
+            labels=["worker", "host", "version"],
+        )
+        self.stale = GaugeMetricFamily(
+            WORKER_PREFIX + "stale",
+            "1 when the worker runs other code than this metrics server (tokenfleet_metrics_info), else 0.",
+            labels=["worker"],
+        )
+        self.inflight = GaugeMetricFamily(
+            WORKER_PREFIX + "inflight", "Generations the worker runs now.", labels=["worker"]
+        )
+        self.concurrency = GaugeMetricFamily(
+            WORKER_PREFIX + "concurrency", "Generations the worker may run at once.", labels=["worker"]
+        )
+        self.age = GaugeMetricFamily(
+            WORKER_PREFIX + "heartbeat_age_seconds",
+            "Seconds since the worker's last heartbeat (by the Redis server's clock).",
+            labels=["worker"],
+        )
+        self.mine = InfoMetricFamily(
+            "tokenfleet_metrics",
+            "The code version of this metrics server (the reference for tokenfleet_worker_stale).",
+            labels=["version"],
+        )
+
+    def all(self) -> list[Metric]:
+        return [self.info, self.stale, self.inflight, self.concurrency, self.age, self.mine]
+
+
 class LedgerCollector(Collector):
-    """A Prometheus collector reading every dataset's snapshot from ``ledger`` at each ``collect()``."""
+    """A Prometheus collector reading every dataset's snapshot, the server board and the workers' heartbeats
+    from ``ledger`` at each ``collect()``."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        self.servers = ServerLedger(ledger.client)
+        #: This process's code version, the reference for ``tokenfleet_worker_stale``.
+        self.version = full_version()
 
     def _families(self) -> tuple[GaugeMetricFamily, dict[str, GaugeMetricFamily], GaugeMetricFamily]:
         up = GaugeMetricFamily("tokenfleet_ledger_up", "1 when the ledger's Redis answered this scrape.")
@@ -128,17 +275,39 @@ class LedgerCollector(Collector):
         )
         return up, gauges, state
 
+    def _dataset_families(self) -> list[CounterMetricFamily | GaugeMetricFamily]:
+        """One family per ``DATASET_COUNTERS`` then ``DATASET_FIGURES`` entry, in that order."""
+        return [
+            *(CounterMetricFamily(PREFIX + c.name, c.help, labels=["dataset"]) for c in DATASET_COUNTERS),
+            *(GaugeMetricFamily(PREFIX + f.name, f.help, labels=["dataset"]) for f in DATASET_FIGURES),
+        ]
+
+    def _server_families(self) -> list[CounterMetricFamily | GaugeMetricFamily]:
+        return [
+            (CounterMetricFamily if f.counter else GaugeMetricFamily)(
+                SERVER_PREFIX + f.name, f.help, labels=["server"]
+            )
+            for f in SERVER_FIGURES
+        ]
+
+    def _fleet_families(self) -> list[Metric]:
+        """Every family beyond the ledger's dataset fields, without samples, in exposition order."""
+        return [*self._dataset_families(), *self._server_families(), *_WorkerFamilies().all()]
+
     def describe(self) -> Iterator[Metric]:
         """The families without samples: registering the collector does not touch Redis."""
         up, gauges, state = self._families()
         yield up
         yield from gauges.values()
         yield state
+        yield from self._fleet_families()
 
     def collect(self) -> Iterator[Metric]:
         up, gauges, state = self._families()
         try:
             snapshots = self._snapshots()
+            servers = self.servers.status()
+            workers = self.ledger.workers()
         except LedgerError as e:
             log.warning("metrics scrape: %s", e)
             up.add_metric([], 0)
@@ -155,6 +324,40 @@ class LedgerCollector(Collector):
                 state.add_metric([snap.name, name], 1 if snap.state == name else 0)
         yield from gauges.values()
         yield state
+        yield from self._fleet(snapshots, servers, workers)
+
+    def _fleet(
+        self,
+        snapshots: Sequence[DatasetSnapshot],
+        servers: Sequence[ServerStatus],
+        workers: Sequence[dict[str, Any]],
+    ) -> Iterator[Metric]:
+        figures = (*DATASET_COUNTERS, *DATASET_FIGURES)
+        for family, figure in zip(self._dataset_families(), figures, strict=True):
+            for snap in snapshots:
+                value = figure.value(snap)
+                if value is not None:
+                    family.add_metric([snap.name], value)
+            yield family
+        for family, server_figure in zip(self._server_families(), SERVER_FIGURES, strict=True):
+            for server in servers:
+                value = server_figure.value(server)
+                if value is not None:
+                    family.add_metric([redact_url(server.url)], value)
+            yield family
+        w = _WorkerFamilies()
+        for facts in workers:
+            name = str(facts["name"])
+            version = str(facts.get("version") or "")
+            w.info.add_metric([name, str(facts.get("host") or ""), version], {})
+            w.stale.add_metric([name], int(version != self.version))
+            for family, field in ((w.inflight, "inflight"), (w.concurrency, "concurrency")):
+                value = facts.get(field)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    family.add_metric([name], value)
+            w.age.add_metric([name], float(facts.get("age_s") or 0.0))
+        w.mine.add_metric([self.version], {})
+        yield from w.all()
 
     def _snapshots(self) -> list[DatasetSnapshot]:
         out = []

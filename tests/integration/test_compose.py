@@ -267,6 +267,32 @@ def test_the_configs_point_the_datasets_at_the_sim_by_default_and_at_sglang_for_
     assert str(demo.output_dir) in outputs & worker_outputs  # the producer and workers share it
 
 
+def test_prometheus_and_grafana_run_only_under_the_monitoring_profile_with_their_files_mounted() -> None:
+    compose = load_compose()
+    monitoring = {"prometheus", "grafana"}
+    specs = interpolate_tree(
+        {n: compose["services"][n] for n in monitoring}, {"GRAFANA_ADMIN_PASSWORD": "pw"}
+    )
+
+    assert not monitoring & set(active_services(compose))
+    assert monitoring | {"metrics", "worker"} <= set(active_services(compose, ("monitoring",)))
+    for name, spec in specs.items():
+        assert spec["profiles"] == ["monitoring"], name
+        tag = spec["image"].partition(":")[2]
+        assert tag and tag != "latest", f"{name}: pin the image ({spec['image']})"
+        [published] = spec["ports"]
+        assert published.startswith("127.0.0.1:"), f"{name} is published beyond this machine by default"
+        binds = [str(v).split(":") for v in spec["volumes"] if str(v).startswith("./")]
+        assert binds, name
+        for source, _target, *mode in binds:
+            assert (REPO / source).exists(), f"{name} mounts {source}, which is not in the repo"
+            assert mode == ["ro"], f"{name} mounts {source} writable"
+    assert specs["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "pw"
+    assert specs["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    assert "metrics" in specs["prometheus"]["depends_on"]
+    assert {"prometheus-data", "grafana-data"} <= set(compose["volumes"])
+
+
 def test_every_service_has_an_image_or_a_build() -> None:
     for name, spec in load_compose()["services"].items():
         assert spec.get("image") or spec.get("build"), name

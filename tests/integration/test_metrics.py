@@ -19,9 +19,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from budget import DatasetLimits, Ledger
+from budget.server_board import ServerLedger, ServerOutcome
 from tests.support.env import TEST_REDIS_URL
 from tokenfleet.metrics import GAUGES, STATES, build_collector
 from tokenfleet.processes import free_port
+from tokenfleet.status_view import snapshot_json
+from workers.version import full_version
 
 pytestmark = pytest.mark.integration
 
@@ -227,3 +230,98 @@ def test_the_collector_registers_without_touching_redis_and_reads_it_at_collect(
 
     assert gauge(parse(generate_latest(registry).decode()), "token_budget", "direct") == 77
     assert parse(generate_latest(down).decode())[("tokenfleet_ledger_up", ())] == 0
+
+
+def test_the_counters_equal_the_gauges_and_the_figures_are_the_ones_status_shows(
+    ledger: Ledger, scrape: Callable[[], dict[Series, float]]
+) -> None:
+    ledger.register("counted", DatasetLimits(token_budget=1000), {"servers": []})
+    ledger.enqueue("counted", ["a", "b", "c"], window=10)
+    ledger.commit("counted", "a", run_sample(ledger, "counted", "a", 120), 120)
+    ledger.fail("counted", "b", run_sample(ledger, "counted", "b", 5), "server said 400", wasted_tokens=5)
+    run_sample(ledger, "counted", "c", 30)  # in flight: the rates and the ETA are known
+
+    scraped = scrape()
+    snap = ledger.snapshot("counted")
+    shown = snapshot_json(snap)
+
+    assert gauge(scraped, "committed_tokens_total", "counted") == 120 == gauge(scraped, "tokens", "counted")
+    assert gauge(scraped, "committed_samples_total", "counted") == 1
+    assert gauge(scraped, "failed_samples_total", "counted") == 1
+    assert gauge(scraped, "tokens_per_second", "counted") == pytest.approx(snap.tokens_per_s)
+    assert snap.tokens_per_s > 0
+    assert gauge(scraped, "eta_budget_seconds", "counted") == pytest.approx(shown["eta_budget_s"], abs=0.05)
+    assert gauge(scraped, "eta_seconds", "counted") == pytest.approx(shown["eta_s"], abs=0.05)
+    assert gauge(scraped, "projected_overshoot_tokens", "counted") == shown["projected_overshoot_tokens"]
+    assert gauge(scraped, "projected_waste_tokens", "counted") == shown["projected_waste_tokens"]
+
+
+def test_a_figure_status_shows_as_unknown_has_no_series(
+    ledger: Ledger, scrape: Callable[[], dict[Series, float]]
+) -> None:
+    ledger.register("idle", DatasetLimits(), {"servers": []})  # no budget, no rate, source not counted
+
+    scraped = scrape()
+
+    for name in ("eta_seconds", "eta_budget_seconds", "projected_overshoot_tokens", "projected_waste_tokens"):
+        assert gauge(scraped, name, "idle") is None, name
+    assert gauge(scraped, "tokens_per_second", "idle") == 0
+
+
+def test_each_server_on_the_board_has_its_health_load_and_counts_without_credentials(
+    ledger: Ledger, scrape: Callable[[], dict[Series, float]]
+) -> None:
+    board = ServerLedger(ledger.client)
+    healthy, failing = "http://127.0.0.1:30001", "http://ops:s3cret@127.0.0.1:30002"
+    for token in ("t1", "t2", "t3"):
+        assert board.acquire([healthy], [8], token, lease_ms=60_000).url == healthy
+    board.release(healthy, "t1")
+    assert board.acquire([failing], [None], "t4", lease_ms=60_000).url == failing
+    at = board.release(failing, "t4")
+    for _ in range(3):
+        board.report(failing, ServerOutcome.FAIL, at_ms=at, fail_threshold=3, probe_interval_ms=1000)
+
+    scraped = scrape()
+
+    def server(name: str, url: str) -> float | None:
+        return scraped.get((f"tokenfleet_server_{name}", (("server", url),)))
+
+    shown = "http://ops:***@127.0.0.1:30002"
+    assert not [labels for _, labels in scraped if any("s3cret" in v for _, v in labels)]
+    assert (server("up", healthy), server("up", shown)) == (1, 0)
+    assert (server("inflight", healthy), server("inflight", shown)) == (2, 0)
+    assert (server("cap", healthy), server("cap", shown)) == (8, None)
+    assert (server("requests_started_total", healthy), server("requests_started_total", shown)) == (3, 1)
+    assert (server("failures_total", healthy), server("failures_total", shown)) == (0, 3)
+    assert server("fails_in_a_row", shown) == 3 and server("downs_total", shown) == 1
+    assert server("requests_per_second", healthy) == pytest.approx(0.1)  # 1 finished in the 10 s window
+
+
+def test_each_worker_online_has_its_code_version_and_one_running_other_code_is_stale(
+    ledger: Ledger, scrape: Callable[[], dict[Series, float]]
+) -> None:
+    ledger.heartbeat(
+        "w1@gpu-a", {"version": full_version(), "host": "gpu-a", "inflight": 5, "concurrency": 8}
+    )
+    ledger.heartbeat("old@gpu-b", {"version": "0.1.0+code.0ld0ld0ld0", "host": "gpu-b", "inflight": 1})
+
+    scraped = scrape()
+
+    info = {
+        dict(labels)["worker"]: dict(labels) for name, labels in scraped if name == "tokenfleet_worker_info"
+    }
+    assert info == {
+        "w1@gpu-a": {"worker": "w1@gpu-a", "host": "gpu-a", "version": full_version()},
+        "old@gpu-b": {"worker": "old@gpu-b", "host": "gpu-b", "version": "0.1.0+code.0ld0ld0ld0"},
+    }
+
+    def worker(name: str, who: str) -> float | None:
+        return scraped.get((f"tokenfleet_worker_{name}", (("worker", who),)))
+
+    assert (worker("stale", "w1@gpu-a"), worker("stale", "old@gpu-b")) == (0, 1)
+    assert (worker("inflight", "w1@gpu-a"), worker("inflight", "old@gpu-b")) == (5, 1)
+    assert (worker("concurrency", "w1@gpu-a"), worker("concurrency", "old@gpu-b")) == (8, None)
+    assert scraped[("tokenfleet_metrics_info", (("version", full_version()),))] == 1
+
+    ledger.heartbeat("old@gpu-b", None)  # a worker that stopped is no longer online
+    assert "old@gpu-b" not in {dict(labels).get("worker") for _, labels in scrape()}
