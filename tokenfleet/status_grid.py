@@ -28,6 +28,8 @@ BAR_WIDTH: Final = 10
 INDENT: Final = 2
 #: Between two items of a second line.
 SEPARATOR: Final = " · "
+#: A cell with nothing to say.
+NOTHING: Final = "—"
 
 Justify = Literal["left", "right"]
 
@@ -65,10 +67,11 @@ class Cell:
 
 
 def bar_text(value: int, limit: int, width: int = BAR_WIDTH) -> Text:
-    """``value`` against ``limit`` as ``width`` cells of ``━``: the done part coloured, the rest dim."""
-    done = width if limit <= 0 else min(width, round(width * value / limit))
+    """``value`` against ``limit`` in ``width`` cells: the done part heavy and coloured (``━``), the rest
+    light and dim (``─``), so it reads without colour too."""
+    done = width if limit <= 0 else min(width, int(width * value / limit))
     style = "green" if value >= limit else "magenta"
-    return Text("━" * done, style=style) + Text("━" * (width - done), style="grey23")
+    return Text("━" * done, style=style) + Text("─" * (width - done), style="grey42")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,12 @@ class Grid:
                 cells[0] = Text("")
             out.append(self._line(layout, cells))
             if moved:
-                items = [Text(f"{self.columns[i].header} ", style="dim") + row[i].text for i in moved]
+                # a figure with nothing to say (``—``) is left out of the second line
+                items = [
+                    Text(f"{self.columns[i].header} ", style="dim") + row[i].text
+                    for i in moved
+                    if row[i].text.plain != NOTHING
+                ]
                 out.extend(_flow(items, width, INDENT))
         hidden = [i for i, c in enumerate(self.columns) if i and not c.core and i not in layout.shown]
         if hidden and self.hint:

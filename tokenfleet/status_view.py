@@ -14,7 +14,7 @@ from budget import DatasetSnapshot
 from budget.defaults import STREAM_INTERVAL
 from budget.server_board import ServerStatus
 from tokenfleet.config import redact_url
-from tokenfleet.status_grid import Cell, Column, Grid
+from tokenfleet.status_grid import NOTHING, Cell, Column, Grid
 from workers.heartbeat import HEARTBEAT_EVERY_S
 
 #: A worker that has not beaten for this long is flagged: it beats at least every HEARTBEAT_EVERY_S.
@@ -129,7 +129,7 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
     if seconds is None:
         return NONE
     s = int(seconds)
@@ -139,7 +139,7 @@ def _duration(seconds: float | None) -> str:
 
 
 #: Shown for a figure that does not apply (no rate of a settled dataset, no budget, no error).
-NONE: Final = "—"
+NONE: Final = NOTHING
 
 
 def human(n: int) -> str:
@@ -185,7 +185,7 @@ def rate_text(s: DatasetSnapshot) -> Text:
 def eta_text(s: DatasetSnapshot, p: Projection) -> Text:
     if s.settled:
         return Text("done", style="green")
-    return Text(_duration(p.eta_s), style="" if p.eta_s is not None else "dim")
+    return Text(duration(p.eta_s), style="" if p.eta_s is not None else "dim")
 
 
 def problems_text(s: DatasetSnapshot) -> Text:
