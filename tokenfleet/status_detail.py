@@ -80,6 +80,7 @@ class Fields:
                     indent, first = 2, Text("  ")
                 wrapped = value.wrap(Console(width=width), width - indent, overflow="fold")
                 for i, part in enumerate(wrapped):
+                    part.rstrip()
                     out.append((first if i == 0 else Text(" " * indent)) + part)
             out.append(Text(""))
         return out

@@ -116,29 +116,35 @@ class Grid:
         cells = [row[index].width(bars) for row in self.rows]
         return max([cell_len(self.columns[index].header), *cells])
 
-    def _name_width(self, width: int) -> int:
-        """The name column: its longest name, at most about a quarter of the terminal (at least 16)."""
+    def _name_widths(self, width: int) -> tuple[int, ...]:
+        """The name column's widths to try: its longest name, then at most about a quarter of the
+        terminal (at least 16), so that a long name goes on a line of its own instead of crowding out
+        the figures."""
         longest = self._width(0, False)
-        return min(longest, max(16, width // 4))
+        capped = min(longest, max(16, width // 4))
+        return (longest,) if capped == longest else (longest, capped)
 
     def candidates(self, width: int) -> Iterator[Layout]:
+        """Layouts from the richest down: every core column on the first line before anything else, then
+        the name whole in its row, then bars, then the extra columns."""
         core = [i for i, c in enumerate(self.columns) if i and c.core]
         extra = [i for i, c in enumerate(self.columns) if i and not c.core]
-        name_w = self._name_width(width)
-        tried: list[tuple[tuple[int, ...], bool]] = []
-        for bars in (True, False):
-            for n in range(len(extra), -1, -1):
-                tried.append((tuple(sorted(core + extra[:n])), bars))
-        for n in range(len(core) - 1, self.min_core - 1, -1):
-            tried.append((tuple(core[:n]), False))
-        for shown, bars in tried:
-            yield Layout((0, *shown), bars, name_w, {i: self._width(i, bars) for i in shown})
+        for n in range(len(core), self.min_core - 1, -1):
+            for name_w in self._name_widths(width):
+                if n < len(core):
+                    yield self._layout(core[:n], False, name_w)
+                    continue
+                for bars in (True, False):
+                    for k in range(len(extra), -1, -1):
+                        yield self._layout(sorted(core + extra[:k]), bars, name_w)
+
+    def _layout(self, shown: Sequence[int], bars: bool, name_w: int) -> Layout:
+        return Layout((0, *shown), bars, name_w, {i: self._width(i, bars) for i in shown})
 
     def choose(self, width: int) -> Layout | None:
         """The richest layout whose first line fits ``width``; None: stack each row instead."""
         for layout in self.candidates(width):
-            total = layout.name_width + sum(layout.widths.values()) + GAP * len(layout.widths)
-            if total <= width:
+            if self._line_width(layout) <= width:
                 return layout
         return None
 
@@ -223,8 +229,10 @@ def _fold(text: Text, width: int) -> list[Text]:
     (a single word longer than the terminal)."""
     if cell_len(text.plain) <= width:
         return [text]
-    lines = text.wrap(Console(width=width, color_system=None), width, overflow="fold")
-    return list(lines)
+    lines = list(text.wrap(Console(width=width, color_system=None), width, overflow="fold"))
+    for line in lines:
+        line.rstrip()
+    return lines
 
 
 def _flow(items: Sequence[Text], width: int, indent: int) -> list[Text]:

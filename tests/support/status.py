@@ -74,5 +74,7 @@ def render(renderable: RenderableType, width: int) -> str:
 
 
 def shows(text: str, figure: str) -> bool:
-    """``figure`` appears whole in ``text``: bounded by blanks or line ends on both sides, on one line."""
-    return re.search(rf"(?<!\S){re.escape(figure)}(?!\S)", text) is not None
+    """``figure`` appears whole in ``text``, on one line: no letter, digit or ``,`` / ``.`` of a longer
+    figure right before it, and none right after it (a comma that ends a list may follow)."""
+    pattern = rf"(?<![\w,.…]){re.escape(figure)}(?!\w|[,.…]\w|…)"
+    return re.search(pattern, text) is not None
