@@ -4,6 +4,9 @@ ledger's own scripts, as workers drive them), and the view rendered as a person'
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import uuid
 from dataclasses import dataclass
 
 from rich.console import Console, RenderableType
@@ -78,3 +81,32 @@ def shows(text: str, figure: str) -> bool:
     figure right before it, and none right after it (a comma that ends a list may follow)."""
     pattern = rf"(?<![\w,.…]){re.escape(figure)}(?!\w|[,.…]\w|…)"
     return re.search(pattern, text) is not None
+
+
+class Terminal:
+    """A real terminal of ``width`` x ``height`` cells (tmux, on a server of its own), running one
+    command; ``screen()`` is what a person sees in it now."""
+
+    def __init__(self, argv: list[str], width: int, height: int = 60) -> None:
+        self.socket = f"tokenfleet-test-{uuid.uuid4().hex[:8]}"
+        self.width = width
+        command = " ".join(shlex.quote(a) for a in argv)
+        self._tmux(
+            "new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height),
+            f"{command}; echo '[exit '$?']'; sleep 600",
+        )  # fmt: skip
+
+    def _tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10, check=True
+        )
+        return done.stdout
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "t")
+
+    def keys(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "t", *keys)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
