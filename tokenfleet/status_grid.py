@@ -1,12 +1,13 @@
 """A table that fits the terminal it is drawn on, without cutting a word or a number.
 
 rich's ``Table`` shrinks every column to fit and then cuts cells with an ellipsis (``B1_sh…``), or wraps
-them over several lines. ``Grid`` instead chooses, at each draw and for the width it is given, what to
-show: every column with progress bars where there is room; then without the extra columns (they are in
-``tokenfleet status NAME``); then without bars; then the columns that do not fit move to a second line
-under their row (``tok/s 230 · ETA done``); and at last, for a terminal too narrow for even that, one
-``header: value`` line each. A first-column name longer than its column is printed on a line of its own
-above its row. No cell is ever cut.
+them over several lines. ``Grid`` instead chooses, at each draw and for the width it is given, the
+richest layout whose first line fits, in this order of what matters: every core column on the first
+line; the name whole in its row (else it stands on a line of its own above its row, and the name column
+takes at most a quarter of the terminal); progress bars; the extra columns (left out first, with a line
+saying where they are: ``tokenfleet status NAME``). Core columns that still do not fit move to a second
+line under their row (``ETA done · in flight 0``); a terminal too narrow even for the first few gets one
+``header: value`` line each. No cell is ever cut, except a single word longer than the terminal.
 """
 
 from __future__ import annotations
@@ -94,7 +95,6 @@ class Grid:
         rows: Iterable[Sequence[str | Text | Cell]],
         *,
         title: str | None = None,
-        empty: str = "",
         min_core: int = 1,
         hint: str = "",
     ) -> None:
@@ -104,7 +104,6 @@ class Grid:
             if len(row) != len(self.columns):
                 raise ValueError(f"a row has {len(row)} cells for {len(self.columns)} columns")
         self.title = title
-        self.empty = empty
         #: Core columns (after the name) that must stay on the first line, or the grid is stacked.
         self.min_core = min_core
         #: Said under the grid when an extra column is left out (where to find it).
@@ -155,8 +154,6 @@ class Grid:
         if self.title:
             out.append(Text(self.title, style="bold"))
         if not self.rows:
-            if self.empty:
-                out.append(Text(self.empty, style="yellow"))
             return out
         layout = self.choose(width)
         if layout is None:
@@ -181,9 +178,7 @@ class Grid:
                 ]
                 out.extend(_flow(items, width, INDENT))
         hidden = [i for i, c in enumerate(self.columns) if i and not c.core and i not in layout.shown]
-        if hidden and self.hint:
-            left_out = ", ".join(self.columns[i].header for i in hidden)
-            out.extend(_fold(Text(f"{left_out}: {self.hint}", style="dim"), width))
+        out.extend(self._hint(hidden, width))
         return out
 
     def _line_width(self, layout: Layout) -> int:
@@ -207,7 +202,15 @@ class Grid:
                     continue
                 item = Text(f"{self.columns[i].header}: ", style="dim") + row[i].text
                 out.extend(_fold(Text(" " * INDENT) + item, width))
+        out.extend(self._hint([i for i, c in enumerate(self.columns) if i and not c.core], width))
         return out
+
+    def _hint(self, hidden: Sequence[int], width: int) -> list[Text]:
+        """A line naming the extra columns left out, and where to find them."""
+        if not hidden or not self.hint:
+            return []
+        left_out = ", ".join(self.columns[i].header for i in hidden)
+        return _fold(Text(f"{left_out}: {self.hint}", style="dim"), width)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         for line in self.lines(options.max_width):
