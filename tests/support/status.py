@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
-import uuid
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console, RenderableType
 
@@ -88,7 +90,8 @@ class Terminal:
     command; ``screen()`` is what a person sees in it now."""
 
     def __init__(self, argv: list[str], width: int, height: int = 60) -> None:
-        self.socket = f"tokenfleet-test-{uuid.uuid4().hex[:8]}"
+        self.folder = Path(tempfile.mkdtemp(prefix="tokenfleet-tmux-"))
+        self.socket = str(self.folder / "socket")  # a tmux server of its own, removed by close()
         self.width = width
         command = " ".join(shlex.quote(a) for a in argv)
         self._tmux(
@@ -98,7 +101,7 @@ class Terminal:
 
     def _tmux(self, *args: str) -> str:
         done = subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10, check=True
+            ["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=10, check=True
         )
         return done.stdout
 
@@ -109,4 +112,5 @@ class Terminal:
         self._tmux("send-keys", "-t", "t", *keys)
 
     def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=10)
+        shutil.rmtree(self.folder, ignore_errors=True)
