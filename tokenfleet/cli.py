@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 
 from budget import DatasetSnapshot, Ledger, LedgerError, UnknownDataset
 from budget.urls import redis_url_from_env
@@ -72,17 +72,45 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     from rich.live import Live
 
     from budget.server_board import ServerLedger
+    from tokenfleet.status_detail import dataset_detail, last_failures
+    from workers.sink import dataset_dir
     from workers.version import full_version
 
     ledger = _ledger(args)
     mine = full_version()
 
     servers = ServerLedger(ledger.client)
+    names: list[str] = list(dict.fromkeys(args.names))
+    if names:
+        known = ledger.datasets()
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            listed = ", ".join(known) if known else "none yet"
+            missing = ", ".join(repr(n) for n in unknown)
+            where = redact_url(_redis_url(args))
+            _error(f"no dataset named {missing} in the ledger at {where}; known: {listed}")
+            return EXIT_USAGE
 
     def snapshots() -> list[DatasetSnapshot]:
-        return [ledger.snapshot(n) for n in (args.names or ledger.datasets())]
+        return [ledger.snapshot(n) for n in (names or ledger.datasets())]
+
+    def detail(name: str) -> RenderableType:
+        spec = ledger.spec(name)
+        try:
+            folder = dataset_dir(str(spec.get("output_dir") or ""), name)
+        except ValueError:
+            folder = None
+        return dataset_detail(
+            ledger.snapshot(name),
+            spec,
+            ledger.failures(name),
+            servers.status(),
+            last_failures(folder) if folder is not None else [],
+        )
 
     def view() -> RenderableType:
+        if names and not args.all:
+            return Group(*(detail(n) for n in names))
         snaps = snapshots()
         if not snaps:
             return f"no datasets in the ledger at {redact_url(_redis_url(args))}"
@@ -97,6 +125,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
         }
         sys.stdout.write(orjson.dumps(body).decode() + "\n")
     elif args.watch:
+        # Redrawn in place; each draw fits the terminal's width at that moment (resizing included).
         with Live(view(), console=console, refresh_per_second=4, screen=False) as live:
             while True:
                 time.sleep(args.interval)
@@ -302,8 +331,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_submit)
 
-    s = with_redis(sub.add_parser("status", help="per dataset: state, tokens, samples, failures, queue"))
-    s.add_argument("names", nargs="*")
+    s = with_redis(
+        sub.add_parser(
+            "status",
+            help="per dataset: state, tokens, samples, rate, ETA, in flight, problems; NAME: one in full",
+        )
+    )
+    s.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="a dataset to show in full (limits, policy, outcomes, servers, failures by reason, last errors)",
+    )
+    s.add_argument("--all", action="store_true", help="with NAMEs: their rows in the fleet view instead")
     s.add_argument("--json", action="store_true", help="the same figures as JSON")
     s.add_argument("--watch", action="store_true", help="a live view, refreshed until Ctrl-C")
     s.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes of --watch")

@@ -8,13 +8,16 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from rich.console import Group, RenderableType
-from rich.progress_bar import ProgressBar
-from rich.table import Table
 from rich.text import Text
 
 from budget import DatasetSnapshot
 from budget.server_board import ServerStatus
 from tokenfleet.config import redact_url
+from tokenfleet.status_grid import NOTHING, Cell, Column, Grid
+from workers.heartbeat import HEARTBEAT_EVERY_S
+
+#: A worker that has not beaten for this long is flagged: it beats at least every HEARTBEAT_EVERY_S.
+SILENT_AFTER_S: Final = 2 * HEARTBEAT_EVERY_S + 1
 
 #: The first fields of each dataset in ``status --json``, in order (the interface later checks drive).
 STATUS_FIELDS: Final = (
@@ -122,103 +125,185 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
     if seconds is None:
-        return "-"
+        return NONE
     s = int(seconds)
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
-def _bar(value: int, limit: int | None) -> RenderableType:
+#: Shown for a figure that does not apply (no rate of a settled dataset, no budget, no error).
+NONE: Final = NOTHING
+
+
+def human(n: int) -> str:
+    """A count a person reads at once: exact below 100,000 (``20,412``), else three significant digits
+    and a unit (``150k``, ``10.7M``, ``10M``, ``1.23B``)."""
+    if abs(n) < 100_000:
+        return f"{n:,}"
+    for div, unit in ((1e3, "k"), (1e6, "M"), (1e9, "B")):
+        short = f"{n / div:.3g}"
+        if abs(float(short)) < 1000:
+            return short + unit
+    return f"{n / 1e12:,.3g}T"
+
+
+def percent(value: int, limit: int) -> int:
+    """Whole percent, rounded down: 149 of 150 is 99%, not 100%."""
+    return 100 * value // limit if limit > 0 else 100
+
+
+def against(value: int, limit: int | None) -> Cell:
+    """``value / limit pct%`` (with a bar where there is room), or ``value`` alone when there is no limit."""
     if limit is None:
-        return Text(f"{value:,}")
-    return Group(
-        ProgressBar(total=limit, completed=min(value, limit), width=16), Text(f"{value:,} / {limit:,}")
+        return Cell(Text(human(value)))
+    style = "bold" if value >= limit else ""
+    text = Text(f"{human(value)} / {human(limit)} ", style=style) + Text(
+        f"{percent(value, limit)}%", style="dim"
+    )
+    return Cell(text, bar=(value, limit))
+
+
+def state_text(s: DatasetSnapshot) -> Text:
+    """The ledger's state; an active dataset whose source is all done is ``finished``."""
+    if s.state == "active" and s.settled:
+        return Text("finished", style="green")
+    return Text(s.state, style=_STATE_STYLE.get(s.state, ""))
+
+
+def rate_text(s: DatasetSnapshot) -> Text:
+    """Tokens per second; nothing for a settled dataset (its last minute's rate is history)."""
+    return Text(NONE, style="dim") if s.settled else Text(f"{s.tokens_per_s:,.0f}")
+
+
+def eta_text(s: DatasetSnapshot, p: Projection) -> Text:
+    if s.settled:
+        return Text("done", style="green")
+    return Text(duration(p.eta_s), style="" if p.eta_s is not None else "dim")
+
+
+def problems_text(s: DatasetSnapshot) -> Text:
+    parts = []
+    if s.output_error:
+        parts.append(Text("output unwritable", style="bold red"))
+    if s.failed:
+        parts.append(Text(f"{human(s.failed)} failed", style="red"))
+    if s.rejected:
+        parts.append(Text(f"{human(s.rejected)} rejected", style="yellow"))
+    return Text(", ").join(parts) if parts else Text(NONE, style="dim")
+
+
+#: The dataset grid's columns: the core ones first (they move to a second line when the terminal is too
+#: narrow), then the extras (left out then: ``tokenfleet status NAME`` has them).
+DATASET_COLUMNS: Final = (
+    Column("dataset"),
+    Column("state"),
+    Column("tokens / budget"),
+    Column("samples / cap"),
+    Column("tok/s", "right"),
+    Column("ETA", "right"),
+    Column("in flight", "right"),
+    Column("problems"),
+    Column("queued", "right", core=False),
+    Column("req/s", "right", core=False),
+    Column("dropped", "right", core=False),
+    Column("overshoot", "right", core=False),
+    Column("waste", "right", core=False),
+)
+
+
+def dataset_row(s: DatasetSnapshot) -> list[str | Text | Cell]:
+    p = project(s)
+    return [
+        Text(s.name, style="bold"),
+        state_text(s),
+        against(s.tokens, s.token_budget),
+        against(s.samples, s.max_samples),
+        rate_text(s),
+        eta_text(s, p),
+        human(s.inflight),
+        problems_text(s),
+        human(s.queued),
+        Text(NONE, style="dim") if s.settled else f"{s.samples_per_s:,.1f}",
+        human(s.pending),
+        NONE if p.overshoot_tokens is None else human(p.overshoot_tokens),
+        NONE if p.waste_tokens is None else human(p.waste_tokens),
+    ]
+
+
+def status_table(snapshots: Sequence[DatasetSnapshot], title: str | None = None) -> Grid:
+    """One row per dataset: progress against its limits, rate, ETA, in flight, problems, and (where there
+    is room) the queue and the projections. It fits any terminal width without cutting a name or a
+    number (``tokenfleet.status_grid``)."""
+    return Grid(
+        DATASET_COLUMNS,
+        (dataset_row(s) for s in snapshots),
+        title=title,
+        min_core=3,
+        hint="see tokenfleet status NAME",
     )
 
 
-def status_table(snapshots: Sequence[DatasetSnapshot], title: str | None = None) -> Table:
-    """One row per dataset: progress against its limits, rates, ETA, projections and the queue."""
-    table = Table(title=title, header_style="bold", expand=False)
-    for col, justify in (
-        ("dataset", "left"),
-        ("state", "left"),
-        ("tokens / budget", "left"),
-        ("samples / cap", "left"),
-        ("tok/s", "right"),
-        ("req/s", "right"),
-        ("ETA", "right"),
-        ("overshoot", "right"),
-        ("waste", "right"),
-        ("in flight", "right"),
-        ("queued", "right"),
-        ("failed", "right"),
-        ("dropped", "right"),
-        ("rejected", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for s in snapshots:
-        p = project(s)
-        style = _STATE_STYLE.get(s.state, "")
-        state = s.state + (" (settled)" if s.settled else "")
-        table.add_row(
-            s.name,
-            Text(state, style=style),
-            _bar(s.tokens, s.token_budget),
-            _bar(s.samples, s.max_samples),
-            f"{s.tokens_per_s:,.0f}",
-            f"{s.samples_per_s:,.1f}",
-            _duration(p.eta_s),
-            "-" if p.overshoot_tokens is None else f"{p.overshoot_tokens:,}",
-            "-" if p.waste_tokens is None else f"{p.waste_tokens:,}",
-            f"{s.inflight:,}",
-            f"{s.queued:,}",
-            Text(f"{s.failed:,}", style="red" if s.failed else ""),
-            f"{s.pending:,}",
-            Text(f"{s.rejected:,}", style="yellow" if s.rejected else ""),
-        )
-    return table
-
-
-def workers_table(workers: Sequence[dict[str, Any]], my_version: str) -> Table:
-    """The workers online; one running other code than ``my_version`` is flagged in red."""
-    table = Table(title="workers online", header_style="bold")
-    for col in ("worker", "version", "in flight", "concurrency", "last seen"):
-        table.add_column(col)
+def workers_table(workers: Sequence[dict[str, Any]], my_version: str) -> Grid:
+    """The workers online; one running other code than ``my_version`` is flagged in red. A worker's in
+    flight figure is as of its last heartbeat (``last seen``): a worker beats when it changes, and at
+    least every ``HEARTBEAT_EVERY_S``, so a worker silent for longer is flagged."""
+    rows: list[list[str | Text | Cell]] = []
     for w in workers:
         stale = w.get("version") != my_version
         version = Text(str(w.get("version")), style="bold red" if stale else "green")
         if stale:
-            version.append(f"  (submitter runs {my_version})", style="red")
-        table.add_row(
-            str(w["name"]),
-            version,
-            str(w.get("inflight", "?")),
-            str(w.get("concurrency", "?")),
-            f"{w['age_s']}s ago",
+            version.append(f" (submitter runs {my_version})", style="red")
+        age = float(w.get("age_s", 0))
+        silent = age > SILENT_AFTER_S
+        seen = Text(f"{age:.0f}s ago" + (" (silent)" if silent else ""), style="yellow" if silent else "")
+        rows.append(
+            [str(w["name"]), version, str(w.get("inflight", "?")), str(w.get("concurrency", "?")), seen]
         )
-    return table
+    return Grid(
+        (
+            Column("worker"),
+            Column("version"),
+            Column("in flight", "right"),
+            Column("concurrency", "right"),
+            Column("last seen", "right"),
+        ),
+        rows,
+        title="workers online",
+    )
 
 
-def servers_table(servers: Sequence[ServerStatus]) -> Table:
+def servers_table(servers: Sequence[ServerStatus]) -> Grid:
     """Each server's health, in-flight generations against its fleet-wide cap, and request rate."""
-    table = Table(title="servers", header_style="bold")
-    for col in ("server", "health", "in flight / cap", "req/s", "failures (in a row)", "last error"):
-        table.add_column(col)
+    rows: list[list[str | Text | Cell]] = []
     for s in servers:
         health = Text("up", style="green") if s.up else Text("down", style="bold red")
-        cap = "-" if s.cap is None else f"{s.cap:,}"
-        table.add_row(
-            redact_url(s.url),
-            health,
-            f"{s.inflight:,} / {cap}",
-            f"{s.requests_per_s:,.1f}",
-            f"{s.failures:,} ({s.fails_in_a_row})",
-            Text(s.last_error[:80], style="red" if not s.up else "dim"),
+        cap = NONE if s.cap is None else f"{s.cap:,}"
+        error = Text(s.last_error or NONE, style="red" if not s.up else "dim")
+        rows.append(
+            [
+                redact_url(s.url),
+                health,
+                f"{s.inflight:,} / {cap}",
+                f"{s.requests_per_s:,.1f}",
+                f"{s.failures:,} ({s.fails_in_a_row})",
+                error,
+            ]
         )
-    return table
+    return Grid(
+        (
+            Column("server"),
+            Column("health"),
+            Column("in flight / cap", "right"),
+            Column("req/s", "right"),
+            Column("failures (in a row)", "right"),
+            Column("last error"),
+        ),
+        rows,
+        title="servers",
+    )
 
 
 def fleet_view(
@@ -233,7 +318,8 @@ def fleet_view(
         if s.output_error:
             parts.append(Text(f"{s.name}: output not writable: {s.output_error}", style="bold red"))
     if servers:
-        parts.append(servers_table(servers))
+        parts += [Text(""), servers_table(servers)]
+    parts.append(Text(""))
     if workers:
         parts.append(workers_table(workers, my_version))
     else:

@@ -1,5 +1,10 @@
 """A worker process's heartbeat in the ledger: its version and code, so ``status`` can show who is online
-and flag one that runs other code than the submitter."""
+and flag one that runs other code than the submitter, and its facts (its generations in flight).
+
+A beat goes out as soon as the facts change (looked at every ``CHECK_EVERY_S``) and at least every
+``HEARTBEAT_EVERY_S``. Beating only on the timer left the in-flight figure of the last beat standing for up
+to that long: a job that had just settled showed a worker with generations in flight while every dataset
+showed none."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -16,15 +22,29 @@ from workers.version import full_version
 
 log = logging.getLogger(__name__)
 
-#: Seconds between heartbeats (status calls a worker online for 30 s after its last one).
+#: Seconds between heartbeats when nothing changes (status calls a worker online for 30 s after its last).
 HEARTBEAT_EVERY_S: Final = 5.0
+#: Seconds between looks at the facts: a change is in the ledger at most this much later.
+CHECK_EVERY_S: Final = 0.2
 
 
 class Heartbeat:
-    def __init__(self, ledger: Ledger, name: str, facts: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        name: str,
+        facts: Callable[[], dict[str, Any]],
+        every_s: float = HEARTBEAT_EVERY_S,
+        check_every_s: float = CHECK_EVERY_S,
+    ) -> None:
         self._ledger = ledger
         self._name = name
         self._facts = facts
+        self._every_s = every_s
+        self._check_every_s = check_every_s
+        #: The facts of the last beat that reached the ledger, and when (monotonic) it went out.
+        self._sent: dict[str, Any] | None = None
+        self._sent_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenfleet-heartbeat", daemon=True)
 
@@ -37,13 +57,18 @@ class Heartbeat:
         with contextlib.suppress(LedgerError):
             self._ledger.heartbeat(self._name, None)
 
-    def _beat(self) -> None:
+    def _beat(self, facts: dict[str, Any] | None = None) -> None:
+        facts = self._facts() if facts is None else facts
         base = {"version": full_version(), "host": socket.gethostname(), "pid": os.getpid()}
         try:
-            self._ledger.heartbeat(self._name, base | self._facts())
+            self._ledger.heartbeat(self._name, base | facts)
         except LedgerError as e:
             log.warning("heartbeat failed: %s", e)
+            return
+        self._sent, self._sent_at = facts, time.monotonic()
 
     def _run(self) -> None:
-        while not self._stop.wait(HEARTBEAT_EVERY_S):
-            self._beat()
+        while not self._stop.wait(self._check_every_s):
+            facts = self._facts()
+            if facts != self._sent or time.monotonic() - self._sent_at >= self._every_s:
+                self._beat(facts)

@@ -11,6 +11,7 @@ from typing import Final
 
 from budget import defaults
 from budget.urls import redis_url_from_env
+from workers.heartbeat import HEARTBEAT_EVERY_S
 
 #: Redis broker visibility timeout: a message not acknowledged in this time is delivered again. It must
 #: exceed the longest generation (request timeout 1800 s by default, plus retries), or a running task's
@@ -20,6 +21,9 @@ DEFAULT_VISIBILITY_TIMEOUT_S: Final = 7200
 
 #: A generation's lease in the ledger lives this long without renewal; a worker renews every quarter.
 DEFAULT_LEASE_S: Final = defaults.LEASE_S
+
+#: Seconds between a worker's heartbeats while its facts do not change (it beats at once when they do).
+DEFAULT_HEARTBEAT_S: Final = HEARTBEAT_EVERY_S
 
 #: Threads per worker process: generations are long I/O-bound HTTP streams.
 DEFAULT_CONCURRENCY: Final = 32
@@ -35,6 +39,7 @@ class WorkerSettings:
     redis_url: str
     visibility_timeout_s: float
     lease_s: float
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
@@ -42,6 +47,7 @@ class WorkerSettings:
             redis_url=redis_url_from_env(),
             visibility_timeout_s=_env_float("TOKENFLEET_VISIBILITY_TIMEOUT_S", DEFAULT_VISIBILITY_TIMEOUT_S),
             lease_s=_env_float("TOKENFLEET_LEASE_S", DEFAULT_LEASE_S),
+            heartbeat_s=_env_float("TOKENFLEET_HEARTBEAT_S", DEFAULT_HEARTBEAT_S),
         )
 
     @property

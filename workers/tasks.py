@@ -70,6 +70,7 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
         r.ledger,
         str(getattr(sender, "hostname", "") or "worker"),
         lambda: {"concurrency": concurrency, "inflight": r.keeper.count, "room": room.limit},
+        every_s=settings.heartbeat_s,
     )
     _heartbeat.start()
     log.warning(

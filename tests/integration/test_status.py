@@ -1,7 +1,10 @@
-"""``status``: the figures (rates, ETA, projections) against a run with known rates, and the workers."""
+"""``status``: the figures (rates, ETA, projections) against a run with known rates, the workers (their
+in-flight figures once a run settled), and the view in a real terminal (tmux) at 80, 120 and 200
+columns, once and with ``--watch``."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -12,9 +15,12 @@ from typing import Any
 import orjson
 import pytest
 
-from budget import Ledger
+from budget import DatasetLimits, Ledger
+from tests.support.env import IN_CI
 from tests.support.files import unique, write_config
-from tests.support.fleet import BackgroundSubmit, Sim, token_rows, wait_until
+from tests.support.fleet import BackgroundSubmit, PrivateFleet, Sim, token_rows, wait_until
+from tests.support.ledger import SPEC
+from tests.support.status import Terminal, commit_many, issue_datasets, shows
 from tokenfleet.cli import main
 from workers.version import full_version
 
@@ -125,3 +131,97 @@ def test_status_watch_redraws_until_interrupted(fleet_redis_url: str, fleet_ledg
     assert proc.returncode == 130
     assert "Traceback" not in err
     assert "dataset" in out or "no datasets" in out
+
+
+def test_once_a_run_settles_no_worker_reports_generations_in_flight(
+    private_fleet: Callable[..., PrivateFleet],
+    sim_factory: Callable[..., Sim],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The issue: after the job settled, the workers table showed a worker with 3 in flight while every
+    # dataset showed 0 (the figure was the last 5-second heartbeat's). This worker's timer beat never
+    # comes during the test: only a beat sent when its in-flight count changes can show the count going
+    # up during the run, and back to 0 once it settled.
+    fleet = private_fleet()
+    fleet.start_worker("beat", concurrency=8, env={"TOKENFLEET_HEARTBEAT_S": "3600"})
+    ledger = fleet.ledger()
+    sim = sim_factory(step_time_s=0.005, fixed_output_len=60)
+    config = write_config(
+        tmp_path,
+        redis_url=fleet.url,
+        servers=[sim.url],
+        datasets=[{"name": "B1_sharegpt", "rows": token_rows(300, seed=5), "token_budget": 6000}],
+    )
+    run = BackgroundSubmit(config)
+    wait_until(
+        lambda: any(int(w.get("inflight") or 0) > 0 for w in ledger.workers()),
+        what="the worker reporting generations in flight",
+    )
+    assert run.wait() == 0
+    assert ledger.snapshot("B1_sharegpt").settled
+
+    wait_until(
+        lambda: [w.get("inflight") for w in ledger.workers()] == [0],
+        what="the worker reporting 0 in flight once the run settled",
+    )
+    body = status_json(fleet.url, capsys)
+    assert [(w["name"].split("@")[0], w["inflight"]) for w in body["workers"]] == [("beat", 0)]
+    assert [d["inflight"] for d in body["datasets"]] == [0]
+
+
+def terminal(argv: list[str], width: int) -> Terminal:
+    if shutil.which("tmux") is None:
+        if IN_CI:
+            raise AssertionError("tmux is not installed")
+        pytest.skip("tmux is not installed")
+    return Terminal([sys.executable, "-m", "tokenfleet.cli", *argv], width)
+
+
+def assert_fits(screen: str, width: int) -> None:
+    assert all(len(line) <= width for line in screen.splitlines()), screen
+    assert "…" not in screen, screen
+
+
+@pytest.mark.parametrize("width", (80, 120, 200))
+def test_status_in_a_real_terminal_shows_every_name_and_figure_whole(
+    ledger: Ledger, redis_url: str, width: int
+) -> None:
+    expected = issue_datasets(ledger)
+    term = terminal(["status", "--redis-url", redis_url], width)
+    try:
+        wait_until(lambda: "[exit " in term.screen(), what="status to finish")
+        screen = term.screen()
+    finally:
+        term.close()
+
+    assert "[exit 0]" in screen, screen
+    assert_fits(screen, width)
+    for shown in expected:
+        assert shows(screen, shown.name), f"{shown.name} not whole at {width} columns:\n{screen}"
+        for figure in shown.figures:
+            assert shows(screen, figure), f"{shown.name}: {figure!r} not whole at {width} columns:\n{screen}"
+    assert "no worker online" in screen
+
+
+def test_status_watch_redraws_in_place_in_a_real_terminal_until_ctrl_c(
+    ledger: Ledger, redis_url: str
+) -> None:
+    issue_datasets(ledger)
+    term = terminal(["status", "--watch", "--interval", "0.2", "--redis-url", redis_url], 120)
+    try:
+        wait_until(lambda: "B4_big" in term.screen(), what="the first view")
+        ledger.register("B6_late", DatasetLimits(max_samples=40), SPEC)
+        commit_many(ledger, "B6_late", "z", [77] * 40)
+        wait_until(lambda: shows(term.screen(), "40 / 40 100%"), what="the new dataset in the view")
+        screen = term.screen()
+        term.keys("C-c")
+        wait_until(lambda: "[exit " in term.screen(), what="status --watch to stop")
+        after = term.screen()
+    finally:
+        term.close()
+
+    assert screen.count("tokens / budget") == 1, screen  # one view, redrawn where it was
+    assert_fits(screen, 120)
+    assert shows(screen, "B6_late") and shows(screen, "3,080")
+    assert "[exit 130]" in after and "Traceback" not in after, after

@@ -131,13 +131,13 @@ class PrivateFleet:
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
 
     def start_worker(
-        self, name: str, concurrency: int = 8, loglevel: str = "WARNING"
+        self, name: str, concurrency: int = 8, loglevel: str = "WARNING", env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         proc = start_worker(
             self.url,
             concurrency=concurrency,
             name=name,
-            env=WORKER_ENV,
+            env=WORKER_ENV | (env or {}),
             log_path=self.folder / f"{name}.log",
             loglevel=loglevel,
         )
