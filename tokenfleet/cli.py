@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -261,12 +264,46 @@ def cmd_budget(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+#: Worker processes ``tokenfleet worker`` starts by default at most (one per core up to this): each
+#: process runs its generations' streams in threads under one GIL.
+MAX_AUTO_PROCESSES = 8
+
+
+def worker_processes(requested: str) -> int:
+    """``--processes``: a number, or "auto" (one per core, at most ``MAX_AUTO_PROCESSES``)."""
+    if requested == "auto":
+        return max(1, min(os.cpu_count() or 1, MAX_AUTO_PROCESSES))
+    return int(requested)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before exec
+    """Linux: the child gets SIGTERM when the ``tokenfleet worker`` that started it dies."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     if args.redis_url:
         os.environ["TOKENFLEET_REDIS_URL"] = args.redis_url
     from workers.app import app
     from workers.messages import QUEUE_NAME
 
+    name = args.name or f"tokenfleet-{os.getpid()}"
+    processes = worker_processes(args.processes)
+    children: list[subprocess.Popen[bytes]] = []
+    if processes > 1:
+        console.print(
+            f"tokenfleet worker {name}: {processes} processes ({args.processes}: one per core, at most "
+            f"{MAX_AUTO_PROCESSES}), each with {args.concurrency} task threads"
+            if args.processes == "auto"
+            else f"tokenfleet worker {name}: {processes} processes, each with {args.concurrency} task threads"
+        )
+        base = [sys.executable, "-m", "tokenfleet.cli", "worker", "--processes=1"]
+        base += [f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}"]
+        for i in range(1, processes):
+            children.append(subprocess.Popen([*base, f"--name={name}-{i}"], preexec_fn=_die_with_parent))
     argv = [
         "worker",
         "--pool=threads",
@@ -274,11 +311,17 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
         "--events",
         f"--loglevel={args.loglevel}",
         f"--queues={QUEUE_NAME}",
-        f"--hostname={args.name or f'tokenfleet-{os.getpid()}'}@%h",
+        f"--hostname={name}@%h",
         "--without-gossip",
         "--without-mingle",
     ]
-    app.worker_main(argv=argv)
+    try:
+        app.worker_main(argv=argv)
+    finally:
+        for child in children:  # a warm shutdown of each: its generations finish and commit
+            child.send_signal(signal.SIGTERM)
+        for child in children:
+            child.wait()
     return EXIT_OK
 
 
@@ -389,7 +432,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_reconcile)
 
     s = with_redis(sub.add_parser("worker", help="run a Celery worker sized for long generations"))
-    s.add_argument("--concurrency", type=int, default=32, help="generations in flight (threads)")
+    s.add_argument(
+        "--concurrency",
+        type=int,
+        default=32,
+        help="task threads per process; also the generations a process runs at once where a server has "
+        "no cap (where it has, twice the servers' caps)",
+    )
+    s.add_argument(
+        "--processes",
+        default="auto",
+        type=lambda v: v if v == "auto" else str(max(1, int(v))),
+        help="worker processes (default auto: one per core, at most 8)",
+    )
     s.add_argument("--loglevel", default="INFO")
     s.add_argument("--name", help="the worker's name before @host (default tokenfleet-PID)")
     s.set_defaults(func=cmd_worker)

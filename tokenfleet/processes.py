@@ -97,6 +97,7 @@ def worker_command(concurrency: int, name: str, loglevel: str = "WARNING") -> li
         "-m",
         "tokenfleet.cli",
         "worker",
+        "--processes=1",
         f"--concurrency={concurrency}",
         f"--loglevel={loglevel}",
         f"--name={name}",

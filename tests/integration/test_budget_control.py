@@ -138,7 +138,7 @@ def test_pause_starts_no_generation_and_resume_loses_nothing(
 def test_raising_the_budget_of_an_exhausted_dataset_makes_a_running_submit_feed_it_again(
     workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Path
 ) -> None:
-    sim = sim_factory(step_time_s=0.004, output_len_mean=40.0)
+    sim = sim_factory(step_time_s=0.004, output_len_mean=40.0, max_running_requests=16)
     small, companion = unique("small_budget"), unique("companion")
     config = write_config(
         tmp_path,

@@ -55,14 +55,18 @@ def test_a_worker_killed_mid_generation_has_its_samples_generated_again_and_comm
     fleet = private_fleet()
     victim = fleet.start_worker("victim")
     fleet.start_worker("survivor")
-    sim = sim_factory(step_time_s=0.01, output_len_mean=60.0)
+    # 8 at once on the server: each worker process holds twice that, so both have work in flight
+    sim = sim_factory(step_time_s=0.01, output_len_mean=60.0, max_running_requests=8)
     name = unique("killed_worker")
     config = write_config(
         tmp_path, redis_url=fleet.url, servers=[sim.url], datasets=[{"name": name, "rows": token_rows(120)}]
     )
     ledger = fleet.ledger()
     run = BackgroundSubmit(config, "--window", "32")
-    wait_until(lambda: name in ledger.datasets() and ledger.snapshot(name).inflight >= 10)
+    wait_until(
+        lambda: any(w["name"].startswith("victim@") and w.get("inflight", 0) > 0 for w in ledger.workers()),
+        what="the victim to hold generations in flight",
+    )
 
     victim.send_signal(signal.SIGKILL)
     victim.wait()
