@@ -169,7 +169,7 @@ def test_a_generation_cut_by_its_budget_reservation_is_truncated_not_a_max_new_h
     assert sorted(r["completion_tokens"] for r in records) == [40] + [48] * 20
     assert [r["hit_max_new"] for r in records if r["truncated"]] == [False]
     assert (snap.hit_max_new, snap.truncated) == (20, 1)
-    assert snap.reasoning_tokens == 0  # the simulator's default: no reasoning parser
+    assert snap.reasoning_tokens == 0  # the simulator reports none by default
 
     figures = status_figures(fleet_redis_url, capsys, name)
     assert figures["hit_max_new"] == 20

@@ -131,7 +131,7 @@ class SimConfig:
         default=0.0,
         metadata=_help(
             "the first F of each answer's planned tokens are thinking: meta_info.reasoning_tokens counts "
-            "them, as a server with a reasoning parser does (default 0: none, as without one)"
+            "them (default 0: the field stays 0, as for a model that does not think)"
         ),
     )
     error_rate: float = field(default=0.0, metadata=_help("fraction of /generate answered HTTP 503"))

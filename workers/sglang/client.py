@@ -151,8 +151,8 @@ class Generation:
     @property
     def reasoning_tokens(self) -> int:
         """Of ``completion_tokens``, those the model spent thinking, as the server reports them
-        (``meta_info.reasoning_tokens``; 0 from a server without a reasoning parser, or one that does not
-        say), never more than the completion."""
+        (``meta_info.reasoning_tokens``; 0 when it reports none or no number), never more than the
+        completion."""
         return reported_reasoning_tokens(self.meta_info, self.completion_tokens)
 
 
