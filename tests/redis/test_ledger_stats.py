@@ -7,12 +7,15 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
 import redis
 
 from budget import CommitItem, CommitOutcome, DatasetState, Ledger
 from budget.keys import dataset_keys
 from budget.lengths import bucket_of, percentile
 from tests.support.ledger import DS, commit_new, lease, make
+
+pytestmark = pytest.mark.redis
 
 
 def committed(ledger: Ledger, items: list[CommitItem]) -> list[CommitOutcome]:
