@@ -178,3 +178,33 @@ def test_a_generation_cut_by_its_budget_reservation_is_truncated_not_a_max_new_h
     assert figures["tokens_per_sample_p50"] == figures["tokens_per_sample_p95"] == 48
     assert figures["longest_sample_tokens"] == 48
     assert figures["projected_final_tokens"] == 1000
+
+
+def test_reconcile_rebuilds_reasoning_hits_and_lengths_from_the_records(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    sim = sim_factory(reasoning_fraction=0.5, output_len_mean=40.0)
+    name = unique("rebuilt")
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[sim.url],
+        datasets=[{"name": name, "rows": token_rows(30, seed=5)}],
+        sampling={"max_new_tokens": 40, "temperature": 0.7},
+    )
+    assert submit(config, "--no-server-check") == 0
+    before = fleet_ledger.snapshot(name)
+    assert before.reasoning_tokens > 0 and before.hit_max_new > 0
+    fleet_ledger.forget(name)  # the ledger is lost; the records remain
+
+    assert main(["reconcile", "--config", str(config)]) == 0
+
+    after = fleet_ledger.snapshot(name)
+    assert (after.samples, after.tokens, after.reasoning_tokens, after.hit_max_new) == (
+        before.samples,
+        before.tokens,
+        before.reasoning_tokens,
+        before.hit_max_new,
+    )
+    assert (after.lengths, after.longest) == (before.lengths, before.longest)
+    assert after.tokens_per_sample_p95 == before.tokens_per_sample_p95
