@@ -387,9 +387,10 @@ class SampleRunner:
 
     @staticmethod
     def _hit_max_new(a: Attempt, gen: Generation, truncated: bool) -> bool:
-        """Whether the generation (a reply of a conversation) ended at the dataset's ``max_new_tokens``: its
-        finish reason is ``length`` at that many tokens. One cut at the budget (a reservation below
-        max_new_tokens, or a stop) is ``truncated`` instead."""
+        """Whether the generation (any reply of a conversation) ended at the dataset's ``max_new_tokens``:
+        finish reason ``length`` at that many tokens. A sample cut at the budget (a reservation below
+        max_new_tokens, or a stop) is ``truncated`` instead, and a ``length`` finish short of
+        max_new_tokens (the server clamped it to the context left) is neither."""
         max_new = int(a.spec.sampling.get("max_new_tokens") or 0)
         if truncated or max_new <= 0:
             return False
