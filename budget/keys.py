@@ -58,6 +58,9 @@ class DatasetKeys:
     rate_tokens_hash: str
     #: Hash epoch second -> samples committed in that second.
     rate_samples_hash: str
+    #: Hash length bucket -> committed samples whose completion tokens fall in it: tokens per sample as a
+    #: fixed log-scale histogram (the buckets and the percentiles read from them: ``budget/lengths.py``).
+    lengths_hash: str
     #: Hash: what ties the dataset to its outputs and first submit (fields in ``budget/ledger.py``,
     #: ``IDENTITY_FIELDS``): the epoch and storage tokens of the output folder's markers, the fingerprint of
     #: its generation settings, the current version's name.
@@ -86,6 +89,7 @@ def dataset_keys(name: str) -> DatasetKeys:
         strikes_hash=f"{base}:strikes:hash",
         rate_tokens_hash=f"{base}:rate_tokens:hash",
         rate_samples_hash=f"{base}:rate_samples:hash",
+        lengths_hash=f"{base}:lengths:hash",
         identity_hash=f"{base}:identity:hash",
         source_digest_str=f"{base}:source_digest:str",
     )

@@ -6,7 +6,7 @@ import enum
 import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, ParamSpec, TypeVar
 
 import redis
@@ -16,6 +16,7 @@ from redis.retry import Retry
 from budget import defaults
 from budget.errors import LedgerUnavailable, UnknownDataset
 from budget.keys import DATASETS_SET, STOPS_CHANNEL, WORKERS_HASH, DatasetKeys, dataset_keys
+from budget.lengths import bucket_of, parse_histogram, percentile
 from budget.scripts import dataset_script_keys, register_scripts
 
 #: How long a generation's lease lives without renewal. A worker renews it every few seconds; a killed
@@ -155,6 +156,11 @@ class CommitItem:
     attempt: str
     completion_tokens: int
     truncated: bool = False
+    #: Of ``completion_tokens``, those the model spent thinking (SGLang's ``meta_info.reasoning_tokens``).
+    reasoning_tokens: int = 0
+    #: The generation ended at the dataset's ``max_new_tokens`` (finish reason ``length``), not cut short by
+    #: its reservation of the budget (that one is ``truncated``).
+    hit_max_new: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +193,40 @@ class DatasetSnapshot:
     output_error: str = ""
     #: Tokens of the budget reserved by in-flight generations (the most they may still produce).
     reserved_tokens: int = 0
+    #: Of ``tokens``, those the model spent thinking (reasoning models); the rest is ``answer_tokens``.
+    reasoning_tokens: int = 0
+    #: Committed samples whose generation ended at the dataset's ``max_new_tokens``.
+    hit_max_new: int = 0
+    #: The most completion tokens of one committed sample.
+    longest: int = 0
+    #: Committed samples per length bucket (``budget/lengths.py``): tokens per sample as a histogram.
+    lengths: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def answer_tokens(self) -> int:
+        """Committed tokens that are not reasoning: the answers."""
+        return self.tokens - self.reasoning_tokens
+
+    @property
+    def tokens_per_sample(self) -> float | None:
+        """Mean completion tokens per committed sample (exact: tokens / samples); None before any."""
+        return self.tokens / self.samples if self.samples else None
+
+    @property
+    def tokens_per_sample_p50(self) -> int | None:
+        """Median completion tokens per sample: the upper bound of its histogram bucket, at most the
+        longest sample (``budget/lengths.py``); None before any sample."""
+        return percentile(self.lengths, 50, self.longest)
+
+    @property
+    def tokens_per_sample_p95(self) -> int | None:
+        """95th percentile of completion tokens per sample, read as ``tokens_per_sample_p50``."""
+        return percentile(self.lengths, 95, self.longest)
+
+    @property
+    def hit_max_new_share(self) -> float | None:
+        """The share of committed samples that ended at ``max_new_tokens``; None before any sample."""
+        return self.hit_max_new / self.samples if self.samples else None
 
     @property
     def settled(self) -> bool:
@@ -470,7 +510,16 @@ class Ledger:
             return []
         args: list[Any] = []
         for it in items:
-            args += [it.sample_id, it.attempt, int(it.completion_tokens), int(it.truncated)]
+            tokens = int(it.completion_tokens)
+            args += [
+                it.sample_id,
+                it.attempt,
+                tokens,
+                int(it.truncated),
+                min(max(0, int(it.reasoning_tokens)), max(0, tokens)),
+                int(it.hit_max_new),
+                bucket_of(tokens),
+            ]
         flat = self._call("commit", name, args)
         return [CommitOutcome(o) for o in flat[1:]]
 
@@ -569,7 +618,7 @@ class Ledger:
         )
         if not flat:
             raise UnknownDataset(name)
-        f = dict(zip(flat[::2], flat[1::2], strict=True))
+        f: dict[str, Any] = dict(zip(flat[::2], flat[1::2], strict=True))
 
         def n(field: str) -> int:
             return int(f.get(field) or 0)
@@ -598,6 +647,10 @@ class Ledger:
             samples_per_s=n("rate_samples") / max(1, n("rate_span_s")),
             output_error=f"{f['output_error_by']}: {f['output_error']}" if f.get("output_error") else "",
             reserved_tokens=n("reserved_tokens"),
+            reasoning_tokens=n("reasoning_tokens"),
+            hit_max_new=n("hit_max_new"),
+            longest=n("longest"),
+            lengths=parse_histogram(f.get("lengths")),
         )
 
     @_translate_errors
@@ -623,10 +676,15 @@ class Ledger:
         truncated: int,
         failed: dict[str, str],
         chunk: int = 10_000,
+        *,
+        reasoning_tokens: int = 0,
+        hit_max_new: int = 0,
+        lengths: Sequence[int] = (),
     ) -> str:
         """Replace ``name``'s done-set, failures and counters with what the output files hold (reconcile),
-        in one MULTI transaction. Queued, in-flight and pending samples are cleared: run it with the fleet
-        stopped. Returns the dataset's state after its limits are applied again."""
+        in one MULTI transaction: ``lengths`` are the committed samples' completion tokens (for the lengths
+        histogram and the longest). Queued, in-flight and pending samples are cleared: run it with the
+        fleet stopped. Returns the dataset's state after its limits are applied again."""
         k = dataset_keys(name)
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(
@@ -639,7 +697,14 @@ class Ledger:
             k.reserved_hash,
             k.pending_hash,
             k.strikes_hash,
+            k.lengths_hash,
         )
+        histogram: dict[int, int] = {}
+        for tokens_of_one in lengths:
+            bucket = bucket_of(tokens_of_one)
+            histogram[bucket] = histogram.get(bucket, 0) + 1
+        if histogram:
+            pipe.hset(k.lengths_hash, mapping={str(b): count for b, count in histogram.items()})
         items = list(done.items())
         for i in range(0, len(items), chunk):
             pipe.hset(k.done_hash, mapping=dict(items[i : i + chunk]))
@@ -654,6 +719,9 @@ class Ledger:
                 "truncated": truncated,
                 "live_tokens": 0,
                 "reserved_tokens": 0,
+                "reasoning_tokens": reasoning_tokens,
+                "hit_max_new": hit_max_new,
+                "longest": max(lengths, default=0),
             },
         )
         pipe.execute()

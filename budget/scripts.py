@@ -52,12 +52,23 @@ SCRIPT_KEYS: Final[Mapping[str, tuple[str, ...] | None]] = {
         "pending",
         "rate_tokens",
         "rate_samples",
+        "lengths",
     ),
     "fail": ("ledger", "done", "failed", "leases", "owners", "live", "reserved", "pending"),
     "release": ("ledger", "done", "leases", "owners", "live", "reserved", "pending", "failed"),
     "reclaim": ("ledger", "leases", "owners", "live", "reserved", "pending", "done", "failed"),
     "set_source": ("ledger",),
-    "snapshot": ("ledger", "done", "failed", "queued", "leases", "pending", "rate_tokens", "rate_samples"),
+    "snapshot": (
+        "ledger",
+        "done",
+        "failed",
+        "queued",
+        "leases",
+        "pending",
+        "rate_tokens",
+        "rate_samples",
+        "lengths",
+    ),
     "purge_queue": ("queue", "queued", "pending"),
     "give_up": ("ledger", "done", "leases", "owners", "live", "reserved", "pending", "failed", "strikes"),
     "audit_queued": ("queue", "queued", "leases", "done", "pending"),
@@ -89,6 +100,7 @@ DATASET_KEY_FIELDS: Final[Mapping[str, str]] = {
     "strikes": "strikes_hash",
     "rate_tokens": "rate_tokens_hash",
     "rate_samples": "rate_samples_hash",
+    "lengths": "lengths_hash",
 }
 
 

@@ -153,8 +153,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     except ExportError as e:
         _error(e)
         return EXIT_USAGE
+    thinking = f", {report.reasoning_tokens:,} of them reasoning" if report.reasoning_tokens else ""
     console.print(
-        f"exported {report.records:,} records ({report.tokens:,} completion tokens) of {args.name} "
+        f"exported {report.records:,} records ({report.tokens:,} completion tokens{thinking}) of {args.name} "
         f"to {report.path} as {report.format}"
     )
     if report.skipped_truncated:

@@ -9,11 +9,13 @@ Formats (``docs/eagle3.md``):
 - ``tokens`` (default): the full record (``input_ids`` is the prompt, ``output_ids`` the output), plus
   ``generated_mask`` over ``input_ids + output_ids`` (1 on generated tokens). Every committed sample is
   written, truncated ones marked, so the export's tokens equal the ledger's. It holds no ``loss_mask``: a
-  trainer that finds ``input_ids`` and ``loss_mask`` takes ``input_ids`` for the whole sequence.
+  trainer that finds ``input_ids`` and ``loss_mask`` takes ``input_ids`` for the whole sequence. Its
+  ``reasoning_tokens`` is how many of ``completion_tokens`` the model spent thinking (0 in records written
+  before it was counted).
 - ``specforge-tokens``: ``{"id", "input_ids", "loss_mask"}``, the whole sequence as exact ids, what SpecForge
   loads as pre-tokenized data (`tokenfleet.exports.token_rows`).
-- ``speculators``: vllm-project/speculators' regeneration rows, one per reply
-  (`tokenfleet.exports.token_rows`).
+- ``speculators``: vllm-project/speculators' regeneration rows, one per reply, with the reply's
+  ``reasoning_tokens`` in its ``metadata`` (`tokenfleet.exports.token_rows`).
 - ``specforge``: ``{"id", "conversations": [{"role", "content"}, ...]}``, what SpecForge's raw-data loader
   reads (``load_dataset("json")``, then a ``conversations`` column).
 - ``sharegpt``: ``{"id", "conversations": [{"from": "system" | "human" | "gpt", "value"}, ...]}``.
@@ -107,6 +109,8 @@ class ExportReport:
     #: Text formats: rows written without a system turn (the prompt had none, and the template renders an
     #: empty one differently): a trainer may add its own default system prompt to them.
     no_system_turn: int = 0
+    #: Of ``tokens``, those the model spent thinking (the records' ``reasoning_tokens``).
+    reasoning_tokens: int = 0
 
 
 def iter_part_records(dataset_dir: Path) -> Iterator[dict[str, Any] | None]:
@@ -182,6 +186,7 @@ def _row(fmt: str, record: Mapping[str, Any], conversation: list[dict[str, str]]
 class _Counts:
     records: int = 0
     tokens: int = 0
+    reasoning_tokens: int = 0
     superseded: int = 0
     torn: int = 0
     skipped_truncated: int = 0
@@ -230,6 +235,7 @@ def export_dataset(
                 f.write(b"".join(orjson.dumps(row) + b"\n" for row in rows))
                 c.records += 1
                 c.tokens += int(record.get("completion_tokens") or 0)
+                c.reasoning_tokens += int(record.get("reasoning_tokens") or 0)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
@@ -252,6 +258,7 @@ def export_dataset(
         mismatch_examples=tuple(c.mismatches[:MISMATCH_EXAMPLES]),
         mismatch_path=mismatch_path,
         no_system_turn=c.no_system_turn,
+        reasoning_tokens=c.reasoning_tokens,
     )
 
 
@@ -260,7 +267,8 @@ def _rows(
 ) -> list[dict[str, Any]]:
     """The rows one committed record becomes (none when it is left out, counted in ``c``)."""
     if fmt == "tokens":
-        return [{**record, "generated_mask": loss_mask(record)}]
+        reasoning = int(record.get("reasoning_tokens") or 0)
+        return [{**record, "reasoning_tokens": reasoning, "generated_mask": loss_mask(record)}]
     if record.get("truncated") and not include_truncated:
         c.skipped_truncated += 1
         return []

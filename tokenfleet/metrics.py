@@ -70,7 +70,7 @@ class _Gauge:
 
     name: str
     help: str
-    value: Callable[[DatasetSnapshot], int | None]
+    value: Callable[[DatasetSnapshot], float | None]
 
 
 #: The per-dataset gauges, in exposition order. ``dropped`` is the ledger's ``pending``, named as in
@@ -115,6 +115,34 @@ GAUGES: Final[tuple[_Gauge, ...]] = (
         "output_blocked",
         "1 while a worker cannot write the dataset's output (disk full, read-only; reason in status).",
         lambda s: int(bool(s.output_error)),
+    ),
+    _Gauge(
+        "reasoning_tokens",
+        "Of the committed tokens, those the model spent thinking (SGLang's meta_info.reasoning_tokens).",
+        lambda s: s.reasoning_tokens,
+    ),
+    _Gauge(
+        "answer_tokens", "Committed tokens that are not reasoning: the answers.", lambda s: s.answer_tokens
+    ),
+    _Gauge(
+        "hit_max_new_samples",
+        "Committed samples whose generation ended at the dataset's max_new_tokens.",
+        lambda s: s.hit_max_new,
+    ),
+    _Gauge(
+        "tokens_per_sample_mean",
+        "Mean completion tokens per committed sample (absent before the first).",
+        lambda s: s.tokens_per_sample,
+    ),
+    _Gauge(
+        "tokens_per_sample_p50",
+        "Median completion tokens per sample: the upper bound of its log-scale bucket (4 per doubling).",
+        lambda s: s.tokens_per_sample_p50,
+    ),
+    _Gauge(
+        "tokens_per_sample_p95",
+        "95th percentile of completion tokens per sample: the upper bound of its log-scale bucket.",
+        lambda s: s.tokens_per_sample_p95,
     ),
 )
 

@@ -32,6 +32,9 @@ class ReconcileReport:
     samples_before: int
     tokens_before: int
     state: str
+    #: Of ``tokens``, the reasoning tokens the records name; samples that ended at ``max_new_tokens``.
+    reasoning_tokens: int = 0
+    hit_max_new: int = 0
 
 
 def _failures(dataset_dir: Path) -> dict[str, str]:
@@ -51,7 +54,8 @@ def reconcile_dataset(ledger: Ledger, name: str, output_dir: Path) -> ReconcileR
     before = ledger.snapshot(name)
     dataset_dir = output_dir / name
     done: dict[str, str] = {}
-    tokens = truncated = duplicates = torn = 0
+    tokens = truncated = duplicates = torn = reasoning = hit_max_new = 0
+    lengths: list[int] = []
     for record in iter_part_records(dataset_dir):
         if record is None:
             torn += 1
@@ -61,10 +65,24 @@ def reconcile_dataset(ledger: Ledger, name: str, output_dir: Path) -> ReconcileR
             duplicates += 1
             continue
         done[sid] = str(record.get("attempt", ""))
-        tokens += int(record.get("completion_tokens") or 0)
+        completion = int(record.get("completion_tokens") or 0)
+        tokens += completion
+        lengths.append(completion)
         truncated += int(bool(record.get("truncated")))
+        # records written before reasoning tokens were counted have neither field: 0, as then
+        reasoning += int(record.get("reasoning_tokens") or 0)
+        hit_max_new += int(bool(record.get("hit_max_new")))
     failed = {sid: reason for sid, reason in _failures(dataset_dir).items() if sid not in done}
-    state = ledger.rebuild(name, done, tokens, truncated, failed)
+    state = ledger.rebuild(
+        name,
+        done,
+        tokens,
+        truncated,
+        failed,
+        reasoning_tokens=reasoning,
+        hit_max_new=hit_max_new,
+        lengths=lengths,
+    )
     return ReconcileReport(
         name,
         len(done),
@@ -76,6 +94,8 @@ def reconcile_dataset(ledger: Ledger, name: str, output_dir: Path) -> ReconcileR
         before.samples,
         before.tokens,
         state,
+        reasoning,
+        hit_max_new,
     )
 
 

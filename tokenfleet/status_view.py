@@ -58,6 +58,40 @@ class Projection:
     overshoot_tokens: int | None
     #: Tokens generated and not kept: the discard policy's partial answers (actual, or expected).
     waste_tokens: int | None
+    #: Committed tokens the dataset will end with (``projected_final_tokens``: see ``final_tokens``).
+    final_tokens: int | None = None
+    #: What is left of them to generate (less what runs now), and the seconds that takes the fleet at the
+    #: current token rate: fleet (wall-clock) time, not GPU-seconds summed over the GPUs.
+    remaining_tokens: int | None = None
+    remaining_s: float | None = None
+
+
+def expected_samples(s: DatasetSnapshot) -> int | None:
+    """Samples the dataset will have committed when its source is done: the source's samples less the
+    failed ones, at most ``max_samples``; ``max_samples`` alone until the source is counted; None when
+    neither is known."""
+    expected = max(0, s.source_total - s.failed) if s.source_done else None
+    if s.max_samples is not None:
+        expected = s.max_samples if expected is None else min(expected, s.max_samples)
+    return expected
+
+
+def final_tokens(s: DatasetSnapshot) -> int | None:
+    """The committed tokens a dataset will end with: what it has once settled; else the expected samples
+    at the mean tokens per sample so far, at most what the budget leaves for committed tokens (its
+    budget less the discarded tokens); a budgeted dataset whose expected samples are unknown (source not
+    counted yet, no sample cap) is projected to reach its budget. None when nothing tells: no budget, and
+    no sample yet or the expected samples unknown."""
+    if s.settled or s.state == "revoked":
+        return s.tokens
+    mean = s.tokens_per_sample
+    expected = expected_samples(s)
+    by_samples = round(expected * mean) if expected is not None and mean is not None else None
+    final = by_samples
+    if s.token_budget is not None:
+        room = max(0, s.token_budget - s.discarded_tokens)
+        final = room if by_samples is None else min(room, by_samples)
+    return None if final is None else max(final, s.tokens)
 
 
 def project(s: DatasetSnapshot) -> Projection:
@@ -83,7 +117,15 @@ def project(s: DatasetSnapshot) -> Projection:
     else:
         known = [e for e in (eta_budget, eta_source) if e is not None]
         eta = min(known) if known else None
-    return Projection(eta_budget, eta_source, eta, overshoot, waste)
+    final = final_tokens(s)
+    remaining = remaining_s = None
+    if final is not None:
+        remaining = max(0, final - s.tokens - s.live_tokens)
+        if remaining == 0:
+            remaining_s = 0.0
+        elif s.tokens_per_s > 0:
+            remaining_s = remaining / s.tokens_per_s
+    return Projection(eta_budget, eta_source, eta, overshoot, waste, final, remaining, remaining_s)
 
 
 def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
@@ -118,6 +160,17 @@ def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
         "eta_s": _round(p.eta_s),
         "projected_overshoot_tokens": p.overshoot_tokens,
         "projected_waste_tokens": p.waste_tokens,
+        "reasoning_tokens": s.reasoning_tokens,
+        "answer_tokens": s.answer_tokens,
+        "tokens_per_sample_mean": _round(s.tokens_per_sample),
+        "tokens_per_sample_p50": s.tokens_per_sample_p50,
+        "tokens_per_sample_p95": s.tokens_per_sample_p95,
+        "longest_sample_tokens": s.longest if s.samples else None,
+        "hit_max_new": s.hit_max_new,
+        "hit_max_new_share": None if s.hit_max_new_share is None else round(s.hit_max_new_share, 4),
+        "projected_final_tokens": p.final_tokens,
+        "projected_remaining_tokens": p.remaining_tokens,
+        "projected_remaining_s": _round(p.remaining_s),
     }
 
 

@@ -50,7 +50,7 @@ class ConversationGeneration(Generation):
     """The last reply of a conversation, with every reply in ``turns``."""
 
     #: One dict per generated reply: ``prompt_tokens``, ``output_ids``, ``content``, ``finish_reason``,
-    #: ``completion_tokens``, ``rid``, ``server``, ``in_context``.
+    #: ``completion_tokens``, ``reasoning_tokens``, ``rid``, ``server``, ``in_context``.
     turns: list[dict[str, Any]] = field(default_factory=list)
     #: The last reply's prompt: the whole conversation before it, as the server saw it.
     prompt_ids: list[int] = field(default_factory=list)
@@ -58,6 +58,11 @@ class ConversationGeneration(Generation):
     ended_early: str | None = None
     #: The token budget's reservation for the sample ran out before its last reply ended: cut at the budget.
     cut_by_cap: bool = False
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Thinking tokens over every reply (each reply's as its server reported them)."""
+        return sum(int(t.get("reasoning_tokens") or 0) for t in self.turns)
 
 
 class Conversation:
@@ -208,6 +213,7 @@ class Conversation:
                 "content": content,
                 "finish_reason": g.finish_reason,
                 "completion_tokens": g.completion_tokens,
+                "reasoning_tokens": g.reasoning_tokens,
                 "rid": g.rid,
                 "server": redact_url(g.server),
                 "in_context": _in_context(prompts, gens, i),

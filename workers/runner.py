@@ -393,7 +393,26 @@ class SampleRunner:
         self.ledger.release(a.dataset, a.sid, a.attempt, reason, thrown_away)
         return Outcome("dropped", reason, thrown_away)
 
+    @staticmethod
+    def _hit_max_new(a: Attempt, gen: Generation, truncated: bool) -> bool:
+        """Whether the generation (any reply of a conversation) ended at the dataset's ``max_new_tokens``:
+        finish reason ``length`` at that many tokens. A sample cut at the budget (a reservation below
+        max_new_tokens, or a stop) is ``truncated`` instead, and a ``length`` finish short of
+        max_new_tokens (the server clamped it to the context left) is neither."""
+        max_new = int(a.spec.sampling.get("max_new_tokens") or 0)
+        if truncated or max_new <= 0:
+            return False
+        if isinstance(gen, ConversationGeneration):
+            replies = [(t.get("finish_reason"), int(t.get("completion_tokens") or 0)) for t in gen.turns]
+        else:
+            replies = [(gen.finish_reason, gen.completion_tokens)]
+        return any(
+            isinstance(reason, dict) and reason.get("type") == "length" and tokens >= max_new
+            for reason, tokens in replies
+        )
+
     def _record(self, a: Attempt, gen: Generation, *, truncated: bool) -> Outcome:
+        hit_max_new = self._hit_max_new(a, gen, truncated)
         record = {
             "id": a.sid,
             "dataset": a.dataset,
@@ -403,7 +422,9 @@ class SampleRunner:
             "finish_reason": gen.finish_reason,
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.completion_tokens,
+            "reasoning_tokens": gen.reasoning_tokens,
             "truncated": truncated,
+            "hit_max_new": hit_max_new,
             "meta": a.sample.get("meta") or {},
             "line_no": a.sample.get("line_no"),
             "attempt": a.attempt,
@@ -421,7 +442,15 @@ class SampleRunner:
             self.ledger.release(a.dataset, a.sid, a.attempt, "output_unwritable", gen.completion_tokens)
             return Outcome("dropped", f"output_unwritable: {e.reason}", gen.completion_tokens)
         outcome = self.committer.call(
-            a.dataset, CommitItem(a.sid, a.attempt, gen.completion_tokens, truncated)
+            a.dataset,
+            CommitItem(
+                a.sid,
+                a.attempt,
+                gen.completion_tokens,
+                truncated,
+                reasoning_tokens=gen.reasoning_tokens,
+                hit_max_new=hit_max_new,
+            ),
         )
         return Outcome(
             outcome.value, "truncated at the token budget" if truncated else "", gen.completion_tokens

@@ -8,6 +8,11 @@
 --   tokens            committed completion tokens
 --   samples           committed samples
 --   truncated         committed samples whose generation we cut at the budget
+--   reasoning_tokens  of the committed tokens, those the model spent thinking (SGLang's
+--                     meta_info.reasoning_tokens); the rest are answer tokens. Both count against the budget
+--   hit_max_new       committed samples whose generation ended at the dataset's max_new_tokens (not one
+--                     cut short by its reservation of the budget: that one is truncated)
+--   longest           the most completion tokens of one committed sample (caps the length percentiles)
 --   live_tokens       tokens generated so far by in-flight attempts (sum of the live hash; workers report
 --                     them every few seconds: for status only, never for a budget decision)
 --   reserved_tokens   tokens reserved by in-flight attempts under a token budget (sum of the reserved

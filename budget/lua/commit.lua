@@ -1,14 +1,21 @@
 -- commit: generations' records are written and flushed; count each, exactly once. One call commits a
 -- batch (a worker process's generations that ended at about the same time): its cost in Redis commands
 -- does not grow with the batch's size.
--- KEYS: ledger, done, leases, owners, live, reserved, pending, rate_tokens, rate_samples
--- ARGV: for each generation: sid, attempt, completion_tokens, truncated (0 | 1)
+-- KEYS: ledger, done, leases, owners, live, reserved, pending, rate_tokens, rate_samples, lengths
+-- ARGV: for each generation: sid, attempt, completion_tokens, truncated (0 | 1), reasoning_tokens (of
+-- completion_tokens, the model's thinking), hit_max_new (0 | 1: it ended at the dataset's max_new_tokens),
+-- length bucket (of completion_tokens, computed by the caller: budget/lengths.py)
 -- Returns {state, outcome_1, outcome_2, ...}; outcome: committed | duplicate (already committed by
 -- another attempt) | over_limit (max_samples already reached, or the attempt lost its lease, so holds no
 -- reservation, and the token budget has no room for it: not counted, so not exported) | revoked (the
 -- operator stopped the dataset: nothing more of it is counted or exported; the sample is pending) |
 -- unknown (forgotten).
-local n = #ARGV / 4
+-- A committed generation adds to the ledger's tokens, samples, truncated, reasoning_tokens and
+-- hit_max_new and may raise its longest (one HSET for the batch), and adds to its bucket of the lengths
+-- histogram (one HINCRBY when the batch's samples share one bucket, else one HMGET and one HSET for all
+-- its buckets).
+local STRIDE = 7
+local n = #ARGV / STRIDE
 local out = {}
 if not known(ledger) then
   out[1] = 'unknown'
@@ -16,25 +23,30 @@ if not known(ledger) then
   return out
 end
 local sids = {}
-for i = 1, n do sids[i] = ARGV[4 * i - 3] end
+for i = 1, n do sids[i] = ARGV[STRIDE * (i - 1) + 1] end
 local owner = redis.call('HMGET', owners, unpack(sids))
 local live_of = redis.call('HMGET', live, unpack(sids))
 local reserved_of = redis.call('HMGET', reserved, unpack(sids))
 local is_done = redis.call('HMGET', done, unpack(sids))
 local f = redis.call('HMGET', ledger, 'state', 'max_samples', 'tokens', 'samples', 'truncated',
-  'live_tokens', 'reserved_tokens', 'wasted_tokens', 'token_budget', 'on_budget', 'discarded_tokens')
+  'live_tokens', 'reserved_tokens', 'wasted_tokens', 'token_budget', 'on_budget', 'discarded_tokens',
+  'reasoning_tokens', 'hit_max_new', 'longest')
 local state, max = f[1], tonumber(f[2] or '')
 local tokens, samples, truncated = tonumber(f[3]) or 0, tonumber(f[4]) or 0, tonumber(f[5]) or 0
 local live_tokens, reserved_tokens, wasted = tonumber(f[6]) or 0, tonumber(f[7]) or 0, tonumber(f[8]) or 0
 -- an attempt that lost its lease has no reservation: it is counted only where the budget still has room
 local strict_budget = f[10] ~= 'drain' and tonumber(f[9] or '') or nil
 local discarded = tonumber(f[11]) or 0
+local reasoning, hit_max_new, longest = tonumber(f[12]) or 0, tonumber(f[13]) or 0, tonumber(f[14]) or 0
 
 local dropped, done_args, committed_sids, back, committed_here, dropped_here = {}, {}, {}, {}, {}, {}
 local new_tokens, new_samples = 0, 0
+-- committed samples per length bucket in this batch, and the buckets in the order first seen
+local per_bucket, buckets = {}, {}
 out[1] = state
 for i = 1, n do
-  local sid, attempt, k, cut = sids[i], ARGV[4 * i - 2], tonumber(ARGV[4 * i - 1]), ARGV[4 * i]
+  local at = STRIDE * (i - 1)
+  local sid, attempt, k, cut = sids[i], ARGV[at + 2], tonumber(ARGV[at + 3]), ARGV[at + 4]
   local generated = k
   local holds = owner[i] == attempt
   if holds and not dropped_here[sid] then
@@ -69,6 +81,15 @@ for i = 1, n do
     samples = samples + 1
     new_samples = new_samples + 1
     if cut == '1' then truncated = truncated + 1 end
+    reasoning = reasoning + (tonumber(ARGV[at + 5]) or 0)
+    if ARGV[at + 6] == '1' then hit_max_new = hit_max_new + 1 end
+    if k > longest then longest = k end
+    local bucket = ARGV[at + 7]
+    if not per_bucket[bucket] then
+      per_bucket[bucket] = 0
+      buckets[#buckets + 1] = bucket
+    end
+    per_bucket[bucket] = per_bucket[bucket] + 1
   else
     wasted = wasted + k
   end
@@ -86,7 +107,19 @@ if #done_args > 0 then
 end
 if #back > 0 then redis.call('HSET', pending, unpack(back)) end
 redis.call('HSET', ledger, 'tokens', tokens, 'samples', samples, 'truncated', truncated,
-  'live_tokens', live_tokens, 'reserved_tokens', reserved_tokens, 'wasted_tokens', wasted)
+  'live_tokens', live_tokens, 'reserved_tokens', reserved_tokens, 'wasted_tokens', wasted,
+  'reasoning_tokens', reasoning, 'hit_max_new', hit_max_new, 'longest', longest)
+if #buckets == 1 then
+  redis.call('HINCRBY', lengths, buckets[1], per_bucket[buckets[1]])
+elseif #buckets > 1 then
+  local counts = redis.call('HMGET', lengths, unpack(buckets))
+  local args = {}
+  for j, bucket in ipairs(buckets) do
+    args[#args + 1] = bucket
+    args[#args + 1] = (tonumber(counts[j]) or 0) + per_bucket[bucket]
+  end
+  redis.call('HSET', lengths, unpack(args))
+end
 local sec = tonumber(redis.call('TIME')[1])
 rate_add(rate_tokens, new_tokens, sec)
 rate_add(rate_samples, new_samples, sec)

@@ -1,10 +1,11 @@
 -- snapshot: one consistent read of a dataset for status and for submit's settle check.
--- KEYS: ledger, done, failed, queued, leases, pending, rate_tokens, rate_samples
+-- KEYS: ledger, done, failed, queued, leases, pending, rate_tokens, rate_samples, lengths
 -- ARGV: rate window in seconds
 -- Returns a flat list: the ledger hash's field/value pairs, then "done", n, "failed", n, "queued", n,
 -- "inflight", n (leases not yet expired), "pending", n (given back, or expired leases), then
 -- "rate_tokens", tokens generated in the window, "rate_samples", samples committed in it, "rate_span_s",
--- the seconds the window covers. Empty when the dataset is unknown.
+-- the seconds the window covers, then "lengths", the lengths histogram as a flat list (bucket, samples,
+-- ...: budget/lengths.py). Empty when the dataset is unknown.
 local out = redis.call('HGETALL', ledger)
 if #out == 0 then return out end
 local now = now_ms()
@@ -23,4 +24,6 @@ for _, v in ipairs({'rate_tokens', tokens_in_window, 'rate_samples', samples_in_
   extra[#extra + 1] = v
 end
 for _, v in ipairs(extra) do out[#out + 1] = v end
+out[#out + 1] = 'lengths'
+out[#out + 1] = redis.call('HGETALL', lengths)
 return out

@@ -42,15 +42,21 @@ def commands_processed(client: redis.Redis) -> int:
 
 def group_cost(ledger: Ledger, client: redis.Redis, size: int, tag: str) -> tuple[int, int, int]:
     """The commands Redis ran for one admit_many of ``size`` new samples, one renew_many of their leases
-    with live tokens, and one commit_many of them (each figure includes one INFO, the same for every
-    size)."""
+    with live tokens, and one commit_many of them of many lengths (each figure includes one INFO, the
+    same for every size)."""
     samples = [(f"{tag}-{i}", "a", 0) for i in range(size)]
     before = commands_processed(client)
     group = ledger.admit_many(DS, samples)
     admitted = commands_processed(client)
     held = ledger.renew_many(DS, [(sid, "a", 3) for sid, _, _ in samples])
     renewed = commands_processed(client)
-    outcomes = ledger.commit_many(DS, [CommitItem(sid, "a", 5) for sid, _, _ in samples])
+    # lengths over many buckets of the lengths histogram, some reasoning, some max_new_tokens hits: the
+    # histogram's cost must not grow with the distinct buckets a batch touches
+    items = [
+        CommitItem(sid, "a", 1 + (i * 37) % 3000, reasoning_tokens=i % 7, hit_max_new=i % 3 == 0)
+        for i, (sid, _, _) in enumerate(samples)
+    ]
+    outcomes = ledger.commit_many(DS, items)
     committed = commands_processed(client)
     assert [admission for admission, _ in group.results] == [Admission.OK] * size
     assert held == [True] * size
@@ -87,3 +93,5 @@ def test_a_group_admit_renew_and_batch_commit_cost_the_same_commands_for_4_16_an
     snap = ledger.snapshot(DS)
     assert snap.samples == 1 + TRIES * (4 + 16 + 64)
     assert snap.reserved_tokens == 0
+    assert sum(snap.lengths.values()) == snap.samples
+    assert len(snap.lengths) >= 16  # the batches of 16 and 64 spanned many buckets

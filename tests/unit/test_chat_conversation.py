@@ -238,3 +238,25 @@ def test_a_worker_without_the_tokenizer_fails_the_sample_with_a_clear_reason(tok
         ConversationError, match=r"^on this worker: tokenizer '/nowhere/tok' cannot be loaded"
     ):
         generate(conversation, ScriptedClient(), Run())
+
+
+class ThinkingClient(ScriptedClient):
+    """A ScriptedClient whose server reports ``3 + i`` reasoning tokens for reply ``i``."""
+
+    def generate(self, server: str, **kwargs: Any) -> Generation:
+        call = len(self.prompts)
+        gen = super().generate(server, **kwargs)
+        gen.meta_info = {"reasoning_tokens": 3 + call}
+        return gen
+
+
+def test_a_conversations_reasoning_tokens_are_each_replys_added_up(tokenizer_dir: Path) -> None:
+    conversation = Conversation.of(sample_of(tokenizer_dir), spec_of(tokenizer_dir), "ds")
+    assert conversation is not None
+
+    gen = generate(conversation, ThinkingClient(), Run())
+
+    assert isinstance(gen, ConversationGeneration)
+    assert [t["reasoning_tokens"] for t in gen.turns] == [3, 4, 5]
+    assert gen.reasoning_tokens == 12
+    assert gen.meta_info["reasoning_tokens"] == 5  # the last reply's own, as its server said

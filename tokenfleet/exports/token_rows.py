@@ -10,7 +10,8 @@
   (``scripts/response_regeneration/script.py``, ``build_boundary_sample`` and ``_sample_from_response``):
   one row per generation, ``{"id": "<conversation>_gen<N>", "primary_id", "input_ids": prompt + completion,
   "loss_mask": [0] * prompt + [1] * completion, "conversations": [...], "metadata": {"finish_reason",
-  "usage", ...}}``. Its ``conversations`` is a review-only twin of the ids (training reads the ids).
+  "usage", ...}}``. Its ``conversations`` is a review-only twin of the ids (training reads the ids). Our
+  ``metadata.reasoning_tokens`` says how many of the reply's completion tokens the model spent thinking.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def speculators_rows(
             "prompt_tokens": len(prompt),
             "output_ids": record.get("output_ids") or [],
             "finish_reason": record.get("finish_reason"),
+            "reasoning_tokens": record.get("reasoning_tokens"),
             "in_context": True,
         }
     ]
@@ -115,6 +117,7 @@ def speculators_rows(
                         "total_tokens": len(head) + len(output),
                     },
                     "truncated": bool(record.get("truncated")) and n == last,
+                    "reasoning_tokens": int(turn.get("reasoning_tokens") or 0),
                 },
             }
         )

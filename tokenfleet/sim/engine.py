@@ -49,7 +49,16 @@ MAX_REQ_INPUT_RESERVE: Final = 6
 
 #: Knobs ``POST /sim/config`` may change while the server runs.
 RUNTIME_KNOBS: Final[frozenset[str]] = frozenset(
-    {"error_rate", "drop_rate", "abort_rate", "step_time_s", "fixed_output_len", "output_len_mean", "wedged"}
+    {
+        "error_rate",
+        "drop_rate",
+        "abort_rate",
+        "step_time_s",
+        "fixed_output_len",
+        "output_len_mean",
+        "wedged",
+        "reasoning_fraction",
+    }
 )
 #: Fields never shown by the server (``/server_info``, ``/sim/config``) nor logged.
 SECRET_FIELDS: Final[frozenset[str]] = frozenset({"api_key", "admin_api_key"})
@@ -118,6 +127,13 @@ class SimConfig:
         default=None, metadata=_help("every prompt wants exactly this many tokens before EOS")
     )
     omit_output_ids: bool = field(default=False, metadata=_help("answer like sglang 0.4: no output_ids"))
+    reasoning_fraction: float = field(
+        default=0.0,
+        metadata=_help(
+            "the first F of each answer's planned tokens are thinking: meta_info.reasoning_tokens counts "
+            "them (default 0: the field stays 0, as for a model that does not think)"
+        ),
+    )
     error_rate: float = field(default=0.0, metadata=_help("fraction of /generate answered HTTP 503"))
     drop_rate: float = field(default=0.0, metadata=_help("fraction of requests whose connection is cut"))
     abort_rate: float = field(
@@ -182,7 +198,7 @@ def _check_config(config: SimConfig) -> None:
     problems = [
         *(
             f"{name} must be within [0, 1]"
-            for name in ("error_rate", "drop_rate", "abort_rate")
+            for name in ("error_rate", "drop_rate", "abort_rate", "reasoning_fraction")
             if not 0.0 <= getattr(config, name) <= 1.0
         ),
         *(
@@ -279,6 +295,11 @@ def prompt_digest(prompt_ids: Sequence[int], sample: int = 0) -> bytes:
     # Python's hash() is salted per process; the outputs must not change between runs or servers.
     text = ",".join(map(str, prompt_ids)) + (f"#{sample}" if sample else "")
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def reasoning_length(plan: OutputPlan, config: SimConfig) -> int:
+    """How many of the plan's tokens are thinking: its first ``reasoning_fraction``, rounded down."""
+    return math.floor(config.reasoning_fraction * len(plan.token_ids))
 
 
 def wanted_length(digest: bytes, config: SimConfig) -> int:

@@ -41,6 +41,7 @@ from tokenfleet.sim.engine import (
     SimRequest,
     bad_request_abort,
     detokenize,
+    reasoning_length,
     tokenize,
 )
 from workers.sglang.protocol import (
@@ -254,7 +255,9 @@ def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
-def meta_info(request: SimRequest, completion_tokens: int, *, first: bool, final: bool) -> dict[str, Any]:
+def meta_info(
+    request: SimRequest, completion_tokens: int, *, first: bool, final: bool, reasoning_tokens: int = 0
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"id": request.rid, "finish_reason": request.finish_reason if final else None}
     if request.reported_prompt:
         meta["prompt_tokens"] = request.prompt_tokens
@@ -264,7 +267,7 @@ def meta_info(request: SimRequest, completion_tokens: int, *, first: bool, final
         "cached_tokens_details": None,
         "weight_version": WEIGHT_VERSION,
         "num_retractions": request.num_retractions,
-        "reasoning_tokens": 0,
+        "reasoning_tokens": reasoning_tokens,
         "dp_rank": 0,
     }
     if first:
@@ -288,6 +291,8 @@ class Renderer:
         self.finished = False  # the final chunk went out
         self.text = ""
         self.decoded = 0
+        #: The plan's first tokens that are thinking (``--reasoning-fraction``).
+        self.thinking = reasoning_length(request.plan, config)
 
     def body(self, upto: int, final: bool, *, streaming: bool = True) -> dict[str, Any]:
         request = self.request
@@ -302,7 +307,13 @@ class Renderer:
             start = self.sent if incremental else 0
             body["output_ids"] = request.plan.token_ids[start:upto]
         self.sent = upto
-        body["meta_info"] = meta_info(request, upto, first=streaming and self.chunks == 0, final=final)
+        body["meta_info"] = meta_info(
+            request,
+            upto,
+            first=streaming and self.chunks == 0,
+            final=final,
+            reasoning_tokens=min(upto, self.thinking),
+        )
         if self.index is not None:
             body["index"] = self.index
         self.chunks += 1

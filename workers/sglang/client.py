@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -147,6 +147,22 @@ class Generation:
     @property
     def aborted(self) -> bool:
         return protocol.is_abort(self.finish_reason)  # type: ignore[arg-type]
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Of ``completion_tokens``, those the model spent thinking, as the server reports them
+        (``meta_info.reasoning_tokens``; 0 when it reports none or no number), never more than the
+        completion."""
+        return reported_reasoning_tokens(self.meta_info, self.completion_tokens)
+
+
+def reported_reasoning_tokens(meta_info: Mapping[str, Any], completion_tokens: int) -> int:
+    """``meta_info.reasoning_tokens`` as a count within ``[0, completion_tokens]`` (0 when absent or not a
+    number)."""
+    value = meta_info.get("reasoning_tokens")
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return 0
+    return min(max(0, int(value)), max(0, completion_tokens))
 
 
 @dataclass(slots=True)

@@ -118,6 +118,8 @@ class MetaInfo(TypedDict, total=False):
     completion_tokens: int
     cached_tokens: int
     num_retractions: int
+    #: Of completion_tokens, those a reasoning model spent thinking (observed in every chunk; 0 when none).
+    reasoning_tokens: int
     e2e_latency: float
 
 

@@ -1,0 +1,135 @@
+"""Where a dataset is heading (``tokenfleet.status_view.project``): its final committed tokens from the
+samples it will have at the mean length so far, capped by its budget, and the fleet time left at the
+current token rate; and the figures ``status --json`` adds for them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from budget import DatasetSnapshot, DatasetState
+from budget.lengths import bucket_of
+from tokenfleet.status_view import expected_samples, project, snapshot_json
+
+
+def snap(**changes: Any) -> DatasetSnapshot:
+    base = DatasetSnapshot(
+        name="ds",
+        state=DatasetState.ACTIVE,
+        token_budget=None,
+        max_samples=None,
+        on_budget="truncate",
+        tokens=0,
+        samples=0,
+        truncated=0,
+        live_tokens=0,
+        discarded_tokens=0,
+        wasted_tokens=0,
+        reclaimed=0,
+        failed=0,
+        queued=5,
+        inflight=2,
+        pending=0,
+        rejected=0,
+        source_total=0,
+        source_done=False,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_a_counted_source_without_budget_projects_its_samples_at_the_mean_length() -> None:
+    # 100 source samples, 2 failed: 98 expected at 40 tokens each
+    s = snap(tokens=1000, samples=25, failed=2, source_total=100, source_done=True, live_tokens=60)
+    s = dataclasses.replace(s, tokens_per_s=200.0)
+
+    p = project(s)
+
+    assert expected_samples(s) == 98
+    assert p.final_tokens == 98 * 40
+    assert p.remaining_tokens == 98 * 40 - 1000 - 60
+    assert p.remaining_s == pytest.approx((98 * 40 - 1060) / 200.0)
+
+
+def test_a_budget_caps_the_projection_and_the_discarded_tokens_come_off_it() -> None:
+    s = snap(tokens=1000, samples=25, source_total=1000, source_done=True, token_budget=5000)
+    assert project(s).final_tokens == 5000
+
+    s = dataclasses.replace(s, on_budget="discard", discarded_tokens=300)
+    assert project(s).final_tokens == 4700
+
+
+def test_until_the_source_is_counted_a_budget_or_a_sample_cap_is_what_tells() -> None:
+    assert project(snap(tokens=1000, samples=25)).final_tokens is None
+    assert project(snap(tokens=1000, samples=25, token_budget=8000)).final_tokens == 8000
+    assert project(snap(tokens=1000, samples=25, max_samples=50)).final_tokens == 2000
+    assert project(snap(tokens=1000, samples=25, max_samples=50, token_budget=1500)).final_tokens == 1500
+
+
+def test_no_sample_yet_and_no_budget_projects_nothing_and_no_rate_gives_no_time() -> None:
+    p = project(snap(source_total=10, source_done=True))
+    assert (p.final_tokens, p.remaining_tokens, p.remaining_s) == (None, None, None)
+
+    p = project(snap(tokens=100, samples=10, source_total=20, source_done=True))
+    assert (p.final_tokens, p.remaining_tokens, p.remaining_s) == (200, 100, None)
+
+
+def test_a_settled_or_revoked_dataset_ends_with_what_it_has() -> None:
+    settled = snap(tokens=900, samples=30, source_total=40, source_done=True, queued=0, inflight=0)
+    assert settled.settled
+    assert (project(settled).final_tokens, project(settled).remaining_s) == (900, 0.0)
+    revoked = snap(tokens=900, samples=30, state=DatasetState.REVOKED, token_budget=10_000)
+    assert project(revoked).final_tokens == 900
+
+
+def test_status_json_adds_reasoning_lengths_max_new_hits_and_the_projection() -> None:
+    lengths = [10] * 50 + [100] * 50
+    s = snap(
+        tokens=sum(lengths),
+        samples=len(lengths),
+        source_total=200,
+        source_done=True,
+        reasoning_tokens=2000,
+        hit_max_new=10,
+        longest=100,
+        lengths={bucket_of(10): 50, bucket_of(100): 50},
+        tokens_per_s=100.0,
+    )
+
+    out = snapshot_json(s)
+
+    assert out["reasoning_tokens"] == 2000
+    assert out["answer_tokens"] == 5500 - 2000
+    assert out["tokens_per_sample_mean"] == 55.0
+    assert out["tokens_per_sample_p50"] == 11  # the upper bound of 10's bucket
+    assert out["tokens_per_sample_p95"] == 100  # 107, capped at the longest sample
+    assert out["longest_sample_tokens"] == 100
+    assert out["hit_max_new"] == 10
+    assert out["hit_max_new_share"] == 0.1
+    assert out["projected_final_tokens"] == 200 * 55
+    assert out["projected_remaining_tokens"] == 200 * 55 - 5500
+    assert out["projected_remaining_s"] == 55.0
+    # the first fields keep their order (additive only)
+    assert list(out)[:10] == [
+        "name",
+        "state",
+        "tokens",
+        "token_budget",
+        "samples",
+        "max_samples",
+        "failed",
+        "dropped",
+        "queued",
+        "inflight",
+    ]
+
+
+def test_status_json_of_a_dataset_without_samples_says_none_for_per_sample_figures() -> None:
+    out = snapshot_json(snap())
+    assert out["tokens_per_sample_mean"] is None
+    assert out["tokens_per_sample_p50"] is None
+    assert out["tokens_per_sample_p95"] is None
+    assert out["longest_sample_tokens"] is None
+    assert out["hit_max_new_share"] is None
+    assert out["reasoning_tokens"] == out["answer_tokens"] == 0
