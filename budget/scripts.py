@@ -75,7 +75,7 @@ SCRIPT_KEYS: Final[Mapping[str, tuple[str, ...] | None]] = {
     "clear_pending": ("ledger", "pending", "done", "failed", "queued", "leases"),
     "heartbeat": ("workers",),
     "server_acquire": None,
-    "server_release": ("slots", "rate"),
+    "server_release": ("slots", "rate", "health"),
     "server_renew": None,
     "server_report": ("health", "probe"),
     "server_probe": None,

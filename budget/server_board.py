@@ -153,12 +153,14 @@ class ServerLedger:
         return self.acquire_many(servers, caps, [token], lease_ms, avoid=avoid, first=first)[0]
 
     @_translate_errors
-    def release_many(self, url: str, tokens: Sequence[str]) -> int:
-        """Give back the slots ``tokens`` on ``url`` and count the finished requests; returns the Redis
-        time (ms) of the release, which orders these generations' outcome reports. One script call."""
+    def release_many(self, url: str, tokens: Sequence[str], handed_over: int = 0) -> int:
+        """Give back the slots ``tokens`` on ``url`` and count the finished requests, with ``handed_over``
+        slots a worker passed from an ended generation straight to a waiting one (each a request finished
+        and one started); returns the Redis time (ms) of the release, which orders these generations'
+        outcome reports. One script call."""
         k = server_keys(url)
         keys = server_script_keys("server_release", k)
-        _held, now_ms = self._run("server_release", keys, [RATE_WINDOW_S, *tokens])
+        _held, now_ms = self._run("server_release", keys, [RATE_WINDOW_S, handed_over, *tokens])
         return int(now_ms)
 
     def release(self, url: str, token: str) -> int:

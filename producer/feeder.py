@@ -45,6 +45,9 @@ DEFAULT_WINDOW: Final = 512
 DEFAULT_BATCH: Final = 256
 #: Pause between rounds when nothing could be fed.
 IDLE_POLL_S: Final = 0.05
+#: After a round that published nothing (the window full, or nothing to feed), the wait before the next
+#: grows to this: each round reads every dataset's snapshot, a dozen Redis commands.
+IDLE_POLL_MAX_S: Final = 0.5
 
 #: Reclaim expired leases and audit queued samples this often.
 AUDIT_EVERY_S: Final = 5.0
@@ -200,6 +203,10 @@ class Feeder:
         self.publish = publish
         self.feeds = list(feeds)
         self.window = window
+        #: Samples published so far (a round that publishes none lets the next one wait longer).
+        self.published = 0
+        #: The snapshots the last round read, one per dataset.
+        self.last_snapshots: list[DatasetSnapshot] = []
         self.batch = batch
         #: The broker's queue list: a dataset that stops (limit, revoke, pause) has its waiting messages
         #: purged from it at once instead of each being dropped by a worker.
@@ -224,8 +231,10 @@ class Feeder:
     def step(self) -> bool:
         """One round over the datasets. Returns True when every dataset is settled."""
         all_settled = True
+        self.last_snapshots = []
         for feed in self.feeds:
             snap = self.ledger.snapshot(feed.name)
+            self.last_snapshots.append(snap)
             if self.settled(feed, snap):
                 continue
             all_settled = False
@@ -268,6 +277,7 @@ class Feeder:
                     feed.put_back(samples[len(codes) :])
                     raise PublishError(f"publishing to the queue failed: {e}") from e
                 feed.published_this_pass += len(to_publish)
+                self.published += len(to_publish)
             if codes and codes[-1] == ENQUEUE_WINDOW_FULL:
                 feed.put_back(samples[len(codes) - 1 :])
                 return
@@ -309,7 +319,9 @@ class Feeder:
         last_tick = last_audit = last_look = 0.0
         mark: tuple[tuple[int, ...], ...] = ()
         moved = time.monotonic()
+        idle_s = IDLE_POLL_S
         while True:
+            published = self.published
             try:
                 now = time.monotonic()
                 if stall_s > 0 and now - last_look >= min(1.0, stall_s):
@@ -328,7 +340,10 @@ class Feeder:
                     last_audit = now
                 done = self.step()
                 if on_tick is not None and (done or now - last_tick >= tick_s):
-                    on_tick(self.snapshots())
+                    # the round's own snapshots when it read every dataset before feeding: a reading of
+                    # the ledger costs a dozen Redis commands per dataset
+                    fresh = len(self.last_snapshots) == len(self.feeds) and not done
+                    on_tick(self.last_snapshots if fresh else self.snapshots())
                     last_tick = now
                 if done:
                     return self.snapshots()
@@ -345,7 +360,8 @@ class Feeder:
                     feed.buffer.clear()
                 last_audit = 0.0
                 continue
-            time.sleep(IDLE_POLL_S)
+            idle_s = IDLE_POLL_S if self.published != published else min(IDLE_POLL_MAX_S, idle_s * 2)
+            time.sleep(idle_s)
 
     def _housekeeping(self, reclaim: bool, audit_after_ms: int) -> None:
         """Take back expired leases and queued samples whose message was lost (see the ledger scripts)."""

@@ -11,6 +11,7 @@ of growing with it. Each caller gets its own answer, or the batch's error, as if
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
@@ -36,11 +37,17 @@ class CallBatcher(Generic[K, T, R]):
     """``call(key, item)`` from any thread; ``run(key, items)`` answers a batch, one result per item."""
 
     def __init__(
-        self, name: str, run: Callable[[K, Sequence[T]], Sequence[R]], max_batch: int = MAX_BATCH
+        self,
+        name: str,
+        run: Callable[[K, Sequence[T]], Sequence[R]],
+        max_batch: int = MAX_BATCH,
+        linger_s: float = 0.0,
     ) -> None:
         self._name = name
         self._run_batch = run
         self._max_batch = max_batch
+        #: How long a batch waits for more calls after its first (0: it runs at once).
+        self._linger_s = linger_s
         self._cond = threading.Condition()
         self._queue: list[_Call[K, T, R]] = []
         self._thread: threading.Thread | None = None
@@ -68,6 +75,10 @@ class CallBatcher(Generic[K, T, R]):
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
+                if self._linger_s > 0:
+                    deadline = time.monotonic() + self._linger_s
+                    while len(self._queue) < self._max_batch and (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
             by_key: dict[K, list[_Call[K, T, R]]] = {}
             for c in batch:

@@ -66,6 +66,10 @@ def backoff_s(
     return random.uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))
 
 
+#: How long a finished generation's commit waits for others of this process to share its ledger call.
+COMMIT_LINGER_S = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One admitted try at one sample: what every step of the runner works on."""
@@ -117,7 +121,7 @@ class SampleRunner:
         self.output_guard = OutputGuard(ledger, sink)
         #: Commits of this process's threads, grouped into one ledger call per dataset.
         self.committer: CallBatcher[str, CommitItem, CommitOutcome] = CallBatcher(
-            "committer", ledger.commit_many
+            "committer", ledger.commit_many, linger_s=COMMIT_LINGER_S
         )
         self.pacer = StreamPacer()
         self.sleep = sleep

@@ -18,6 +18,7 @@ fleet-wide, and marks a server up again when it answers 200.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -27,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Final
 
 import httpx
@@ -49,10 +51,14 @@ DEFAULT_PROBE_INTERVAL_S: Final = 5.0
 #: server, and it answers 503 itself after about 20 s; a shorter wait would keep a busy, healthy server
 #: down.
 PROBE_TIMEOUT_S: Final = 30.0
-#: When every server is at its cap: the first wait before asking again, doubled up to the second. A slot
-#: given back in this process wakes one waiter at once; one given back elsewhere is seen at the next ask.
-WAIT_FIRST_S: Final = 0.02
+#: When every server is at its cap, the process's waiting generations are asked for again together (one
+#: script call for all of them, by the picks thread) as soon as this process gives a slot back, and at
+#: least this often for slots given back elsewhere.
 WAIT_MAX_S: Final = 0.25
+#: Waiting generations offered per script call at most (the rest wait for the next round).
+PICKS_PER_CALL: Final = 64
+#: A waiting generation looks this often whether its dataset was stopped meanwhile.
+CANCEL_CHECK_S: Final = 0.5
 #: The picker's background thread renews slots every quarter lease, and looks for due probes at least this
 #: often.
 TICK_MAX_S: Final = 1.0
@@ -67,6 +73,17 @@ Caps = Mapping[str, int | None] | int | None
 
 #: What picks share one script call: the servers, their caps, and the server to avoid.
 PickKey = tuple[tuple[str, ...], tuple[int | None, ...], str | None]
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """A generation waiting for a slot."""
+
+    key: PickKey
+    token: str
+    done: threading.Event = field(default_factory=threading.Event)
+    url: str | None = None
+    error: BaseException | None = None
 
 
 class SlotWaitCancelled(Exception):
@@ -103,13 +120,16 @@ class ServerPicker:
         self._dirty: set[str] = set()  # down, or failing in a row, at the last pick
         self._probing: set[str] = set()
         self._local = threading.local()  # .pending: (server, ended_ms) of this thread's last generation
-        self._freed = threading.Condition()  # notified when this process gives a slot back
+        # Generations waiting for a slot, in the order they asked; the picks thread serves them.
+        self._waiting: list[_Waiter] = []
+        self._wake = threading.Event()  # set when a generation asks, or this process gives a slot back
+        self._handed: dict[str, int] = {}  # server -> slots handed over since the last flush
+        self._picks_thread: threading.Thread | None = None
         self._http = httpx.Client(timeout=max(probe_interval_s, PROBE_TIMEOUT_S), verify=tls_context())
         self._prober: Prober = prober or self._health_probe
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # This process's threads' picks and releases that come together share one script call each.
-        self._picks: CallBatcher[PickKey, str, Acquired] = CallBatcher("slot-picks", self._pick_batch)
+        # This process's threads' releases that come together share one script call.
         self._releases: CallBatcher[str, str, int] = CallBatcher("slot-releases", self._release_batch)
 
     @contextmanager
@@ -129,22 +149,50 @@ class ServerPicker:
         """
         self._settle_previous(avoid, failure)
         token = f"{self._holder}:{uuid.uuid4().hex[:16]}"
-        server = self._acquire(list(servers), caps_for(servers, caps), token, avoid, cancelled)
+        server, token = self._acquire(list(servers), caps_for(servers, caps), token, avoid, cancelled)
         answered = False
         try:
             yield server
             answered = True  # an exception out of the block tells nothing about the server
         finally:
-            with self._lock:
-                self._held.pop(token, None)
-            try:
-                ended_ms = self._releases.call(server, token)
-            except LedgerError as e:  # the slot expires on its own
-                log.warning("could not give back a slot on %s: %s", server, e)
-                ended_ms = 0
+            ended_ms = 0
+            if not (answered and self._hand_over(server, token)):
+                with self._lock:
+                    self._held.pop(token, None)
+                try:
+                    ended_ms = self._releases.call(server, token)
+                except LedgerError as e:  # the slot expires on its own
+                    log.warning("could not give back a slot on %s: %s", server, e)
+                self._wake.set()  # a waiting generation may take the slot
             self._local.pending = (server, ended_ms) if answered else None
-            with self._freed:
-                self._freed.notify()
+
+    def _hand_over(self, server: str, token: str) -> bool:
+        """Pass the slot of a generation that ended to the oldest generation of this process waiting for
+        one on that server: no Redis call (the slot stays taken, fleet-wide); it counts as a request
+        finished and one started at the next flush. Not for a server that is down or failing."""
+        with self._lock:
+            if server in self._dirty:
+                return False
+            for w in self._waiting:
+                servers, _caps, avoid = w.key
+                if server in servers and (server != avoid or len(servers) == 1):
+                    self._waiting.remove(w)
+                    w.token, w.url = token, server
+                    self._held[token] = server
+                    self._handed[server] = self._handed.get(server, 0) + 1
+                    w.done.set()
+                    return True
+        return False
+
+    def _flush_handed(self) -> None:
+        """Count the slots handed over since the last flush in their servers' figures (one call each)."""
+        with self._lock:
+            handed, self._handed = self._handed, {}
+        for server, n in handed.items():
+            try:
+                self.board.release_many(server, [], handed_over=n)
+            except LedgerError as e:  # the counts are for status only
+                log.warning("could not count %d requests on %s: %s", n, server, e)
 
     def close(self) -> None:
         self._stop.set()
@@ -161,26 +209,75 @@ class ServerPicker:
         token: str,
         avoid: str | None,
         cancelled: Callable[[], bool] | None = None,
-    ) -> str:
+    ) -> tuple[str, str]:
+        """A slot and its token (``token``, or that of a slot handed over by ``_hand_over``). Asked for
+        by the picks thread with every other generation of this process that waits, in one script call
+        (``budget/lua/server_acquire.lua``): while every server is at its cap the wait costs Redis one
+        call per round for the whole process, not one per generation."""
         self._start()
         now = time.monotonic()
         with self._lock:
             self._known.update(dict.fromkeys(servers, now))
-        delay_s = WAIT_FIRST_S
-        while True:
-            got = self._picks.call((tuple(servers), tuple(caps), avoid), token)
-            with self._lock:
-                self._dirty.difference_update(servers)
-                self._dirty.update(got.dirty)
-                if got.url is not None:
-                    self._held[token] = got.url
-            if got.url is not None:
-                return got.url
+        waiter = _Waiter((tuple(servers), tuple(caps), avoid), token)
+        with self._lock:
+            self._waiting.append(waiter)
+        self._wake.set()
+        while not waiter.done.wait(CANCEL_CHECK_S):
             if cancelled is not None and cancelled():
-                raise SlotWaitCancelled()
-            with self._freed:
-                self._freed.wait(random.uniform(delay_s / 2, delay_s))
-            delay_s = min(delay_s * 2, WAIT_MAX_S)
+                with self._lock:
+                    if not waiter.done.is_set():
+                        self._waiting.remove(waiter)
+                        raise SlotWaitCancelled()
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.url is not None
+        return waiter.url, waiter.token
+
+    def _serve_waiting(self) -> None:
+        """The picks thread: offer the waiting generations, oldest first, to the servers; wait for a slot
+        given back here (or ``WAIT_MAX_S``, for one given back elsewhere) while some still wait."""
+        while not self._stop.is_set():
+            self._wake.wait(WAIT_MAX_S)
+            self._wake.clear()
+            with self._lock:
+                by_key: dict[PickKey, list[_Waiter]] = {}
+                for w in self._waiting:
+                    by_key.setdefault(w.key, []).append(w)
+            for key, waiters in by_key.items():
+                offered = waiters[:PICKS_PER_CALL]
+                tokens = [w.token for w in offered]
+                try:
+                    got = self._pick_batch(key, tokens)
+                except Exception as e:  # every generation offered sees the error, as if it had asked alone
+                    with self._lock:
+                        for w in offered:
+                            if w in self._waiting:
+                                self._waiting.remove(w)
+                                w.error = e
+                                w.done.set()
+                    continue
+                stray: list[tuple[str, str]] = []
+                with self._lock:
+                    self._dirty.difference_update(key[0])
+                    for a in got[:1]:
+                        self._dirty.update(a.dirty)
+                    for w, token, a in zip(offered, tokens, got, strict=True):
+                        if a.url is None:
+                            continue
+                        if w not in self._waiting or w.token != token:
+                            # cancelled, or handed a slot by an ended generation meanwhile: this slot is
+                            # not needed, give it back now (unrenewed, it would hold its place a lease)
+                            stray.append((a.url, token))
+                            continue
+                        self._held[token] = a.url
+                        w.url = a.url
+                        self._waiting.remove(w)
+                        w.done.set()
+                for url, token in stray:
+                    with contextlib.suppress(LedgerError):
+                        self.board.release(url, token)
+                if len(waiters) > PICKS_PER_CALL and all(a.url is not None for a in got):
+                    self._wake.set()  # every one offered got a slot: offer the next ones at once
 
     # --- health ---------------------------------------------------------------------------------
 
@@ -261,7 +358,11 @@ class ServerPicker:
             if self._thread is not None:
                 return
             self._thread = threading.Thread(target=self._run, name="tokenfleet-server-slots", daemon=True)
+            self._picks_thread = threading.Thread(
+                target=self._serve_waiting, name="tokenfleet-slot-picks", daemon=True
+            )
         self._thread.start()
+        self._picks_thread.start()
 
     def _run(self) -> None:
         # Probes are looked at every tick; slots are renewed every quarter lease, not every tick: a
@@ -271,6 +372,7 @@ class ServerPicker:
         next_renew = time.monotonic() + renew_every_s
         while not self._stop.wait(tick_s):
             try:
+                self._flush_handed()
                 if time.monotonic() >= next_renew:
                     next_renew = time.monotonic() + renew_every_s
                     self._renew()

@@ -186,16 +186,17 @@ end
 
 -- Sum of a rate ring over the last window_s seconds, and the seconds it covers (at most window_s, less
 -- when the ring is younger).
-local function rate_sum(hash, window_s)
-  local t = redis.call('TIME')
-  local sec = tonumber(t[1])
+local function rate_sum(hash, window_s, sec)
+  if not sec then sec = tonumber(redis.call('TIME')[1]) end
+  -- the window's own fields only (HMGET), not the whole ring
+  local fields = {}
+  for s = sec - window_s + 1, sec do fields[#fields + 1] = s end
+  local values = redis.call('HMGET', hash, unpack(fields))
   local total, oldest = 0, sec
-  local flat = redis.call('HGETALL', hash)
-  for i = 1, #flat, 2 do
-    local s = tonumber(flat[i])
-    if s > sec - window_s then
-      total = total + tonumber(flat[i + 1])
-      if s < oldest then oldest = s end
+  for i, v in ipairs(values) do
+    if v then
+      total = total + tonumber(v)
+      if fields[i] < oldest then oldest = fields[i] end
     end
   end
   return total, sec - oldest + 1

@@ -18,8 +18,9 @@ local extra = {
   'pending', redis.call('HLEN', pending) + redis.call('ZCOUNT', leases, '-inf', now),
 }
 local window = tonumber(ARGV[1]) or 30
-local tokens_in_window, span = rate_sum(rate_tokens, window)
-local samples_in_window = rate_sum(rate_samples, window)
+local sec = math.floor(now / 1000)
+local tokens_in_window, span = rate_sum(rate_tokens, window, sec)
+local samples_in_window = rate_sum(rate_samples, window, sec)
 for _, v in ipairs({'rate_tokens', tokens_in_window, 'rate_samples', samples_in_window, 'rate_span_s', span}) do
   extra[#extra + 1] = v
 end
