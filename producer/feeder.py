@@ -44,7 +44,7 @@ DEFAULT_WINDOW: Final = 512
 #: Samples asked about in one ledger call.
 DEFAULT_BATCH: Final = 256
 #: Pause between rounds when nothing could be fed.
-IDLE_POLL_S: Final = 0.05
+IDLE_POLL_S: Final = 0.1
 #: After a round that published nothing (the window full, or nothing to feed), the wait before the next
 #: grows to this: each round reads every dataset's snapshot, a dozen Redis commands.
 IDLE_POLL_MAX_S: Final = 0.5
