@@ -46,9 +46,10 @@ MIN_VALUE: Final = 24
 
 #: What each on_budget policy does, in a few words.
 POLICIES: Final = {
-    "truncate": "truncate: generations running at the budget are cut there and kept",
-    "discard": "discard: generations running at the budget are cut and thrown away",
-    "drain": "drain: generations running at the budget finish; no new one starts",
+    "truncate": "truncate: each generation may use at most what is left of the budget; the last ones are "
+    "cut there and kept",
+    "discard": "discard: a generation starts only when max_new_tokens still fit in the budget; none is cut",
+    "drain": "drain: generations running at the budget finish (past it); no new one starts",
 }
 
 
@@ -207,6 +208,34 @@ def dataset_detail(
             Text(NONE if p.waste_tokens is None else exact(p.waste_tokens)),
         ),
     ]
+
+    def tok(v: float | None) -> str:
+        return NONE if v is None else f"{v:,.0f}"
+
+    share = s.hit_max_new_share
+    per_sample = [
+        (
+            "tokens per sample",
+            Text(
+                f"mean {tok(s.tokens_per_sample)}, p50 {tok(s.tokens_per_sample_p50)}, "
+                f"p95 {tok(s.tokens_per_sample_p95)} (a bucket's upper bound)"
+            ),
+        ),
+        (
+            "hit max_new_tokens",
+            Text(NONE if share is None else f"{exact(s.hit_max_new)} ({share:.1%} of the samples)"),
+        ),
+        ("thinking tokens", Text(f"{exact(s.reasoning_tokens)} (answers {exact(s.answer_tokens)})")),
+        (
+            "projected final",
+            Text(
+                NONE
+                if p.final_tokens is None
+                else f"{exact(p.final_tokens)} tokens, {exact(p.remaining_tokens or 0)} to go, "
+                f"{duration(p.remaining_s)} at the current rate"
+            ),
+        ),
+    ]
     reasons = [(f"{count:,} x", Text(reason, style="red")) for reason, count in failures_by_reason(failures)]
     if len(reasons) > TOP_REASONS:
         rest = sum(c for _, c in failures_by_reason(failures)[TOP_REASONS:])
@@ -227,6 +256,7 @@ def dataset_detail(
                 Section("progress", progress),
                 Section("samples by outcome", outcomes),
                 Section("tokens", tokens),
+                Section("per sample", per_sample),
                 Section("failures by reason", reasons),
                 Section("last errors", errors),
             ]

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 HEARTBEAT_EVERY_S: Final = 5.0
 #: Seconds between looks at the facts: a change is in the ledger at most this much later.
 CHECK_EVERY_S: Final = 0.2
+#: A changed fact waits at most this long since the last beat (unless the worker just became idle).
+CHANGE_GAP_S: Final = 1.0
 
 
 class Heartbeat:
@@ -70,5 +72,11 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self._check_every_s):
             facts = self._facts()
-            if facts != self._sent or time.monotonic() - self._sent_at >= self._every_s:
+            since = time.monotonic() - self._sent_at
+            # A change is sent within a second (at once when the worker becomes idle, so a settled job
+            # never shows work in flight); a busy worker's count changes all the time, and a beat per
+            # check would be Redis work per worker that the job does not need.
+            idle_now = facts.get("inflight") == 0 and (self._sent or {}).get("inflight") != 0
+            changed = facts != self._sent and (since >= CHANGE_GAP_S or idle_now)
+            if changed or since >= self._every_s:
                 self._beat(facts)

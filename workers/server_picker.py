@@ -55,6 +55,8 @@ PROBE_TIMEOUT_S: Final = 30.0
 #: script call for all of them, by the picks thread) as soon as this process gives a slot back, and at
 #: least this often for slots given back elsewhere.
 WAIT_MAX_S: Final = 0.25
+#: ... and, while asking again finds no free slot, at least this often.
+WAIT_IDLE_MAX_S: Final = 1.0
 #: Waiting generations offered per script call at most (the rest wait for the next round).
 PICKS_PER_CALL: Final = 64
 #: A waiting generation looks this often whether its dataset was stopped meanwhile.
@@ -236,8 +238,9 @@ class ServerPicker:
     def _serve_waiting(self) -> None:
         """The picks thread: offer the waiting generations, oldest first, to the servers; wait for a slot
         given back here (or ``WAIT_MAX_S``, for one given back elsewhere) while some still wait."""
+        wait_s = WAIT_MAX_S
         while not self._stop.is_set():
-            self._wake.wait(WAIT_MAX_S)
+            woken = self._wake.wait(wait_s)
             self._wake.clear()
             with self._lock:
                 by_key: dict[PickKey, list[_Waiter]] = {}
@@ -278,6 +281,10 @@ class ServerPicker:
                         self.board.release(url, token)
                 if len(waiters) > PICKS_PER_CALL and all(a.url is not None for a in got):
                     self._wake.set()  # every one offered got a slot: offer the next ones at once
+            # Waiting for slots given back elsewhere (this process hands its own over): ask less often
+            # while asking finds none, up to WAIT_IDLE_MAX_S; a local release or a new ask resets it.
+            granted = any(w.done.is_set() for ws in by_key.values() for w in ws)
+            wait_s = WAIT_MAX_S if (woken or granted) else min(WAIT_IDLE_MAX_S, wait_s * 2)
 
     # --- health ---------------------------------------------------------------------------------
 

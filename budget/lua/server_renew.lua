@@ -4,15 +4,29 @@
 -- ARGV: lease_ms, then token_i for each slot i
 -- Returns a list: 1 for each slot renewed, 0 for each slot lost.
 local expiry = now_ms() + tonumber(ARGV[1])
-local out = {}
+-- one ZMSCORE and one ZADD per server, whatever the number of its slots
+local out, by_key = {}, {}
 for i = 1, #KEYS do
-  local token = ARGV[i + 1]
+  local k = KEYS[i]
+  if not by_key[k] then by_key[k] = {} end
+  local group = by_key[k]
+  group[#group + 1] = i
+end
+for key, indexes in pairs(by_key) do
+  local tokens = {}
+  for _, i in ipairs(indexes) do tokens[#tokens + 1] = ARGV[i + 1] end
   -- Still there, even past its expiry: no pick dropped it since, so nobody was given its place.
-  if redis.call('ZSCORE', KEYS[i], token) then
-    redis.call('ZADD', KEYS[i], 'XX', expiry, token)
-    out[i] = 1
-  else
-    out[i] = 0
+  local scores = redis.call('ZMSCORE', key, unpack(tokens))
+  local args = {}
+  for j, i in ipairs(indexes) do
+    if scores[j] then
+      args[#args + 1] = expiry
+      args[#args + 1] = tokens[j]
+      out[i] = 1
+    else
+      out[i] = 0
+    end
   end
+  if #args > 0 then redis.call('ZADD', key, 'XX', unpack(args)) end
 end
 return out

@@ -8,8 +8,15 @@
 --   budget    its budget was lowered below the tokens committed and reserved (policy truncate or
 --             discard): a reservation no longer fits, so what runs is cut now
 --   unknown   the dataset is not in this ledger
-local state = redis.call('HGET', ledger, 'state')
+-- One read (every worker process asks this twice a second for each dataset it has in flight).
+local f = redis.call('HMGET', ledger, 'state', 'token_budget', 'on_budget', 'tokens', 'discarded_tokens',
+  'reserved_tokens')
+local state = f[1]
 if not state then return 'unknown' end
 if state == 'revoked' or state == 'paused' then return state end
-if over_budget(ledger) then return 'budget' end
+local budget = tonumber(f[2] or '')
+if budget and f[3] ~= 'drain'
+    and (tonumber(f[4]) or 0) + (tonumber(f[5]) or 0) + (tonumber(f[6]) or 0) > budget then
+  return 'budget'
+end
 return ''

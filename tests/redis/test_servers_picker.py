@@ -12,7 +12,7 @@ import redis
 
 from budget.server_board import ServerLedger, ServerOutcome
 from tokenfleet.sim import SimConfig, SimServerThread
-from workers.server_picker import WAIT_MAX_S, ServerPicker, caps_for
+from workers.server_picker import WAIT_IDLE_MAX_S, WAIT_MAX_S, ServerPicker, caps_for
 from workers.sglang.client import ServerUnavailable
 
 pytestmark = pytest.mark.redis
@@ -110,7 +110,7 @@ def test_a_picker_waits_while_every_server_is_at_its_cap_without_spinning_redis(
     make_picker: Callable[[], ServerPicker],
 ) -> None:
     picker = make_picker()
-    original = picker.board.acquire
+    original = picker.board.acquire_many
     calls = 0
 
     def counting_acquire(*args: object, **kwargs: object) -> object:
@@ -118,7 +118,7 @@ def test_a_picker_waits_while_every_server_is_at_its_cap_without_spinning_redis(
         calls += 1
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
-    picker.board.acquire = counting_acquire  # type: ignore[method-assign,assignment]
+    picker.board.acquire_many = counting_acquire  # type: ignore[method-assign,assignment]
     holder = make_picker()
     release = threading.Event()
 
@@ -134,8 +134,10 @@ def test_a_picker_waits_while_every_server_is_at_its_cap_without_spinning_redis(
     with picker.use([A, B], caps=1):
         waited_s = time.monotonic() - started
 
-    assert 0.9 < waited_s < 1.0 + WAIT_MAX_S + 0.1
-    assert calls <= 15, f"{calls} picks in one second of waiting"
+    # a slot given back by another process is seen at the next ask: the asks back off from WAIT_MAX_S
+    # to WAIT_IDLE_MAX_S while they find none
+    assert 0.9 < waited_s < 1.0 + WAIT_IDLE_MAX_S + 0.1
+    assert 1 <= calls <= 8, f"{calls} picks in one second of waiting"
 
 
 def test_a_slot_given_back_in_the_same_process_wakes_a_waiting_thread_at_once(

@@ -154,8 +154,13 @@ def test_the_detail_view_shows_limits_policy_outcomes_failures_by_reason_and_the
         "10,000,000 (10M)",  # the budget
         "1,000,000 (1M) of 10,000,000 (10M) tokens, 10%",
         "20 of 7,000 samples, 0%",
-        "truncate: generations running at the budget are cut there and kept",
+        "truncate: each generation may use at most what is left of the budget",
         "http://gen:30000",
+        # the numbers people ask about: 20 samples of 50,000 tokens each
+        "mean 50,000, p50 50,000, p95 50,000",
+        "hit max_new_tokens 0 (0.0% of the samples)",
+        "thinking tokens 0 (answers 1,000,000 (1M))",
+        "projected final 10,000,000 (10M) tokens, 9,000,000 (9M) to go",
     ):
         assert figure in " ".join(text.split()), f"{figure!r} missing:\n{text}"
     lines = text.splitlines()
