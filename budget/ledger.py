@@ -398,6 +398,8 @@ class Ledger:
         names = list(names)
         if not names:
             return {}
+        if len(names) == 1:  # no pipeline: a pipeline of scripts asks SCRIPT EXISTS first, every time
+            return {names[0]: str(self._call("stop_check", names[0]))}
         pipe = self.client.pipeline(transaction=False)
         script = self._scripts["stop_check"]
         for name in names:
