@@ -26,6 +26,7 @@ from budget import (
 )
 from budget.keys import DATASETS_SET, dataset_keys
 from tests.support.ledger import DS, MAX_NEW, SPEC, commit_new, lease, make
+from tests.support.snapshots import snapshot_of
 
 pytestmark = pytest.mark.redis
 
@@ -338,28 +339,7 @@ def test_a_dataset_settles_once_the_source_is_consumed_and_every_sample_is_done(
 
 
 def _snap(**changes: Any) -> DatasetSnapshot:
-    base = DatasetSnapshot(
-        name=DS,
-        state=DatasetState.ACTIVE,
-        token_budget=None,
-        max_samples=None,
-        on_budget="truncate",
-        tokens=0,
-        samples=0,
-        truncated=0,
-        live_tokens=0,
-        discarded_tokens=0,
-        wasted_tokens=0,
-        reclaimed=0,
-        failed=0,
-        queued=0,
-        inflight=0,
-        pending=0,
-        rejected=0,
-        source_total=0,
-        source_done=False,
-    )
-    return dataclasses.replace(base, **changes)
+    return snapshot_of(DS, **changes)
 
 
 @pytest.mark.parametrize(

@@ -11,32 +11,13 @@ import pytest
 
 from budget import DatasetSnapshot, DatasetState
 from budget.lengths import bucket_of
+from tests.support.snapshots import snapshot_of
 from tokenfleet.status_view import expected_samples, project, snapshot_json
 
 
 def snap(**changes: Any) -> DatasetSnapshot:
-    base = DatasetSnapshot(
-        name="ds",
-        state=DatasetState.ACTIVE,
-        token_budget=None,
-        max_samples=None,
-        on_budget="truncate",
-        tokens=0,
-        samples=0,
-        truncated=0,
-        live_tokens=0,
-        discarded_tokens=0,
-        wasted_tokens=0,
-        reclaimed=0,
-        failed=0,
-        queued=5,
-        inflight=2,
-        pending=0,
-        rejected=0,
-        source_total=0,
-        source_done=False,
-    )
-    return dataclasses.replace(base, **changes)
+    """A dataset with 5 queued and 2 in flight, then ``changes``."""
+    return snapshot_of(**({"queued": 5, "inflight": 2} | changes))
 
 
 def test_a_counted_source_without_budget_projects_its_samples_at_the_mean_length() -> None:

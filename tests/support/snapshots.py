@@ -1,0 +1,34 @@
+"""A ``DatasetSnapshot`` built by hand, for tests of what is computed from one (no Redis)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from budget import DatasetSnapshot, DatasetState
+
+
+def snapshot_of(name: str = "ds", **changes: Any) -> DatasetSnapshot:
+    """An active dataset with every counter at 0, then ``changes``."""
+    base = DatasetSnapshot(
+        name=name,
+        state=DatasetState.ACTIVE,
+        token_budget=None,
+        max_samples=None,
+        on_budget="truncate",
+        tokens=0,
+        samples=0,
+        truncated=0,
+        live_tokens=0,
+        discarded_tokens=0,
+        wasted_tokens=0,
+        reclaimed=0,
+        failed=0,
+        queued=0,
+        inflight=0,
+        pending=0,
+        rejected=0,
+        source_total=0,
+        source_done=False,
+    )
+    return dataclasses.replace(base, **changes)
