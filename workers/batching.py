@@ -51,9 +51,6 @@ class CallBatcher(Generic[K, T, R]):
         self._cond = threading.Condition()
         self._queue: list[_Call[K, T, R]] = []
         self._thread: threading.Thread | None = None
-        #: Batched calls made, and the items they answered (how well batching works, for benchmarks).
-        self.calls = 0
-        self.items = 0
 
     def call(self, key: K, item: T) -> R:
         waiting: _Call[K, T, R] = _Call(key, item)
@@ -89,8 +86,6 @@ class CallBatcher(Generic[K, T, R]):
     def _answer(self, key: K, calls: list[_Call[K, T, R]]) -> None:
         try:
             results = self._run_batch(key, [c.item for c in calls])
-            self.calls += 1
-            self.items += len(calls)
             for c, result in zip(calls, results, strict=True):
                 c.result = result
         except BaseException as e:  # every caller sees the error, as if its own call had failed
