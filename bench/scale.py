@@ -96,6 +96,50 @@ class RedisMeter:
         return out
 
 
+class CommandCensus:
+    """Who sends what: every command seen by ``MONITOR`` while it runs, ledger scripts by name and other
+    commands with the first part of their first key; a script's count includes the commands it calls. A
+    diagnosis (``fleet --census``): MONITOR itself costs
+    Redis CPU, so its runs' CPU figures are not the fleet's."""
+
+    def __init__(self, url: str) -> None:
+        import hashlib
+        import threading
+
+        from budget.scripts import SCRIPT_NAMES, script_source
+
+        self.names = {hashlib.sha1(script_source(n).encode()).hexdigest(): n for n in SCRIPT_NAMES}
+        self.counts: dict[str, int] = {}
+        self.client = redis.Redis.from_url(url)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self.client.monitor() as m:
+            script = ""
+            for cmd in m.listen():
+                if self._stop.is_set():
+                    break
+                parts = cmd["command"].split(" ")
+                verb = parts[0].upper()
+                if verb in ("EVALSHA", "EVAL"):
+                    # a script's own calls follow it (Redis runs one thing at a time): counted with it
+                    script = what = "script " + self.names.get(parts[1], parts[1][:8])
+                elif cmd.get("client_type") == "lua":
+                    what = script
+                else:
+                    key = parts[1].split(":")[0].split(".")[0][:24] if len(parts) > 1 else ""
+                    what = f"{verb} {key}".strip()
+                self.counts[what] = self.counts.get(what, 0) + 1
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self.client.ping()  # one more command, so the listener wakes
+        self._thread.join(timeout=5)
+        return dict(self.counts)
+
+
 def pids_matching(needle: str) -> list[int]:
     return [pid for pid, cmd in child_pids().items() if needle in cmd]
 
@@ -194,10 +238,18 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
                 )
                 cpu.start()
                 rmeter.start()
+                census = CommandCensus(redis_url) if args.census else None
                 _, f = run_fleet(
                     url, redis_url, rows, w["max_new_tokens"], Path(tmp) / f"f{i}", extra=args.extra
                 )
                 r, c = rmeter.stop(), cpu.stop()
+                if census is not None:
+                    seen = census.stop()
+                    print(f"  census of run {i + 1} ({f['elapsed_s']:.0f} s, {f['samples']:.0f} samples):")
+                    print("    (per script: its own calls included)")
+                    for what, count in sorted(seen.items(), key=lambda kv: -kv[1])[:30]:
+                        per_sample, per_s = count / f["samples"], count / f["elapsed_s"]
+                        print(f"    {what:<40} {per_sample:8.2f}/sample {per_s:8.1f}/s", flush=True)
                 results["fleet"].append(
                     {
                         "tokens_per_s": f["tokens"] / f["elapsed_s"],
@@ -440,7 +492,7 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                 sim_process(step_time_s=args.step_time_s, max_running_requests=inflight, **w["sim"]) as url,
                 workers(redis_url, 1, None, Path(tmp) / "logs"),
             ):
-                ratios, a_tps, f_tps = [], [], []
+                ratios, a_tps, f_tps, extra_s = [], [], [], []
                 for i in range(args.repeats):
                     rows_in = prompts(n, seed=500 + i)
                     a = asyncio.run(
@@ -448,6 +500,7 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                     )
                     _, f = run_fleet(url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}")
                     fleet_tps = f["tokens"] / f["elapsed_s"]
+                    extra_s.append(f["elapsed_s"] - a["elapsed_s"])
                     a_tps.append(a["tokens_per_s"])
                     f_tps.append(fleet_tps)
                     ratios.append(fleet_tps / a["tokens_per_s"])
@@ -461,6 +514,7 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                         inflight,
                         f"{median(a_tps):,.0f}",
                         f"{median(f_tps):,.0f}",
+                        f"{median(extra_s):+.1f} s",
                         f"{median(ratios):.3f}",
                     ]
                 )
@@ -472,6 +526,7 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                 "in flight (server cap)",
                 "plain client tok/s",
                 "fleet tok/s",
+                "fleet run - plain run",
                 "ratio (goal >= 0.95)",
             ],
             rows,
@@ -501,6 +556,7 @@ def main() -> int:
     p.add_argument(
         "--extra", default="", help="fleet: extra top-level config lines (e.g. samples_per_task = 1)"
     )
+    p.add_argument("--census", action="store_true", help="fleet: count commands by script (MONITOR)")
     p.add_argument("--generators", type=int, default=2, help="ledger-only: load generator processes")
     p.add_argument("--ledger-budgets", type=int, nargs="+", default=[10_000_000])
     p.add_argument("--ledger-inflight", type=int, nargs="+", default=[64, 1024])

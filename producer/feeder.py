@@ -47,7 +47,7 @@ DEFAULT_BATCH: Final = 256
 IDLE_POLL_S: Final = 0.1
 #: After a round that published nothing (the window full, or nothing to feed), the wait before the next
 #: grows to this: each round reads every dataset's snapshot, a dozen Redis commands.
-IDLE_POLL_MAX_S: Final = 0.5
+IDLE_POLL_MAX_S: Final = 1.0
 
 #: Reclaim expired leases and audit queued samples this often.
 AUDIT_EVERY_S: Final = 5.0
@@ -324,13 +324,6 @@ class Feeder:
             published = self.published
             try:
                 now = time.monotonic()
-                if stall_s > 0 and now - last_look >= min(1.0, stall_s):
-                    last_look = now
-                    snaps = self.snapshots()
-                    if progress_mark(snaps) != mark:
-                        mark, moved = progress_mark(snaps), now
-                    elif now - moved >= stall_s and not self.ledger.workers():
-                        raise Unsettled(f"no progress and no worker online for {now - moved:.0f} s", snaps)
                 if now - last_audit >= AUDIT_EVERY_S:
                     # The first round looks at every queued mark: one left by a producer killed between
                     # marking and publishing is found at once, not after the audit's usual delay.
@@ -339,10 +332,17 @@ class Feeder:
                     )
                     last_audit = now
                 done = self.step()
+                # the round's own snapshots (read before it fed) serve the stall check and the display: a
+                # reading of the ledger costs a dozen Redis commands per dataset
+                fresh = len(self.last_snapshots) == len(self.feeds) and not done
+                if stall_s > 0 and now - last_look >= min(1.0, stall_s) and not done:
+                    last_look = now
+                    snaps = self.last_snapshots if fresh else self.snapshots()
+                    if progress_mark(snaps) != mark:
+                        mark, moved = progress_mark(snaps), now
+                    elif now - moved >= stall_s and not self.ledger.workers():
+                        raise Unsettled(f"no progress and no worker online for {now - moved:.0f} s", snaps)
                 if on_tick is not None and (done or now - last_tick >= tick_s):
-                    # the round's own snapshots when it read every dataset before feeding: a reading of
-                    # the ledger costs a dozen Redis commands per dataset
-                    fresh = len(self.last_snapshots) == len(self.feeds) and not done
                     on_tick(self.last_snapshots if fresh else self.snapshots())
                     last_tick = now
                 if done:

@@ -27,7 +27,7 @@ HEARTBEAT_EVERY_S: Final = 5.0
 #: Seconds between looks at the facts: a change is in the ledger at most this much later.
 CHECK_EVERY_S: Final = 0.2
 #: A changed fact waits at most this long since the last beat (unless the worker just became idle).
-CHANGE_GAP_S: Final = 1.0
+CHANGE_GAP_S: Final = 5.0
 
 
 class Heartbeat:

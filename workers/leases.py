@@ -18,7 +18,7 @@ from budget import Ledger, LedgerError
 log = logging.getLogger(__name__)
 
 #: Seconds between two reports of a process's leases (renewal and live tokens).
-REPORT_S: Final = 2.0
+REPORT_S: Final = 5.0
 
 
 @dataclass(slots=True)

@@ -66,8 +66,14 @@ def backoff_s(
     return random.uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))
 
 
-#: How long a finished generation's commit waits for others of this process to share its ledger call.
+#: How long a finished generation's commit waits for others of this process to share its ledger call: at
+#: least this, up to ``COMMIT_MAX_LINGER_S`` when generations end slowly (long answers), for batches of
+#: about ``COMMIT_BATCH`` (a commit's Redis cost is mostly per call); never while every generation of the
+#: process waits to commit, nor past the least for a generation holding a reservation of a token budget.
+#: The record is on disk by then and the server slot is free: only the count waits.
 COMMIT_LINGER_S = 0.25
+COMMIT_MAX_LINGER_S = 2.0
+COMMIT_BATCH = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,9 @@ class Attempt:
     #: The tokens the ledger reserved for it under a token budget (its generation is sent with
     #: ``max_new_tokens`` at most this, so the budget holds); 0: no reservation.
     cap: int = 0
+    #: Called once its generation is over and recorded, before the commit waits for its batch (the process
+    #: room it held is free from there).
+    on_generated: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +130,12 @@ class SampleRunner:
         self.output_guard = OutputGuard(ledger, sink)
         #: Commits of this process's threads, grouped into one ledger call per dataset.
         self.committer: CallBatcher[str, CommitItem, CommitOutcome] = CallBatcher(
-            "committer", ledger.commit_many, linger_s=COMMIT_LINGER_S
+            "committer",
+            ledger.commit_many,
+            linger_s=COMMIT_LINGER_S,
+            max_linger_s=COMMIT_MAX_LINGER_S,
+            target_batch=COMMIT_BATCH,
+            callers=lambda: self.keeper.count,
         )
         self.pacer = StreamPacer()
         self.sleep = sleep
@@ -445,6 +459,8 @@ class SampleRunner:
             self.output_guard.block(a.dataset, a.folder, e)
             self.ledger.release(a.dataset, a.sid, a.attempt, "output_unwritable", gen.completion_tokens)
             return Outcome("dropped", f"output_unwritable: {e.reason}", gen.completion_tokens)
+        if a.on_generated is not None:
+            a.on_generated()
         outcome = self.committer.call(
             a.dataset,
             CommitItem(
@@ -455,6 +471,9 @@ class SampleRunner:
                 reasoning_tokens=gen.reasoning_tokens,
                 hit_max_new=hit_max_new,
             ),
+            # a reservation of the budget is given back by the commit: near the budget's end, other
+            # generations wait for it
+            hurry=a.cap > 0,
         )
         return Outcome(
             outcome.value, "truncated at the token budget" if truncated else "", gen.completion_tokens

@@ -61,9 +61,14 @@ WAIT_IDLE_MAX_S: Final = 1.0
 PICKS_PER_CALL: Final = 64
 #: A waiting generation looks this often whether its dataset was stopped meanwhile.
 CANCEL_CHECK_S: Final = 0.5
-#: The picker's background thread renews slots every quarter lease, and looks for due probes at least this
-#: often.
+#: The picker's background thread renews slots every quarter lease, and looks for due probes this often
+#: while a server it knows is down or failing.
 TICK_MAX_S: Final = 1.0
+#: Seconds between counts of handed-over slots in the servers' figures (status only; at once when the
+#: process has nothing in flight), and between looks
+#: for probes due while no server this process knows was down or failing at its last pick (a server found
+#: down at a pick is looked at every tick).
+FLUSH_EVERY_S: Final = 5.0
 #: A worker stops probing a server it has not picked among for this long (the config moved on).
 FORGET_AFTER_S: Final = 3600.0
 
@@ -372,18 +377,27 @@ class ServerPicker:
         self._picks_thread.start()
 
     def _run(self) -> None:
-        # Probes are looked at every tick; slots are renewed every quarter lease, not every tick: a
-        # renewal costs Redis commands per slot, and a generation lasts many ticks.
+        # Slots are renewed every quarter lease, not every tick: a renewal costs Redis commands per slot,
+        # and a generation lasts many ticks. Probes are looked at every tick while a server is down.
         renew_every_s = self._lease_ms / 4000
         tick_s = min(renew_every_s, TICK_MAX_S)
         next_renew = time.monotonic() + renew_every_s
+        next_flush = 0.0
         while not self._stop.wait(tick_s):
             try:
-                self._flush_handed()
-                if time.monotonic() >= next_renew:
-                    next_renew = time.monotonic() + renew_every_s
+                now = time.monotonic()
+                if now >= next_renew:
+                    next_renew = now + renew_every_s
                     self._renew()
-                self._start_probes()
+                with self._lock:
+                    # once nothing runs here the counts go out at once: status then shows every request
+                    idle = not self._held and not self._waiting and bool(self._handed)
+                if now >= next_flush or idle:
+                    next_flush = now + FLUSH_EVERY_S
+                    self._flush_handed()
+                    self._start_probes()
+                elif self._dirty:
+                    self._start_probes()
             except LedgerError as e:  # Redis away for a moment: try again next tick
                 log.warning("server slots: %s", e)
             except Exception:  # never let the renewals die: the slots would expire under running work

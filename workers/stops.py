@@ -11,7 +11,8 @@ server, and a ``StopHandle`` on the stream), and one ``StopWatcher`` thread per 
   (``Ledger.stop_reasons``: revoked, paused, budget reached): the ledger decides, a message only wakes it.
   Pub/sub reaches every host at once, with no per-token cost; because a message is lost while a watcher
   reconnects, the watcher also asks the ledger every ``POLL_S`` about each dataset it has in flight, which
-  bounds a stop's delay even then.
+  bounds a stop's delay even then. A request admitted before a stop may be sent just after the watcher
+  looked: for ``HOT_FOR_S`` after a message the watcher looks at that dataset every ``HOT_POLL_S``.
 - **How it stops.** Each request of the dataset is aborted by its own rid on its own server (with the
   admin key when the server has one), in parallel. The server ends a running request after one more
   decode step and a waiting one at once; its stream then ends with an abort chunk carrying the exact
@@ -38,8 +39,13 @@ from workers.sglang.client import ABORT_GRACE_S, SGLangClient, StopHandle
 
 log = logging.getLogger(__name__)
 
-#: How often the watcher asks the ledger about the datasets it has in flight, whatever pub/sub says.
-POLL_S: Final = 0.5
+#: How often the watcher asks the ledger about the datasets it has in flight, whatever pub/sub says (a
+#: message is lost only while the watcher reconnects, and it asks at once when back).
+POLL_S: Final = 5.0
+#: After a stop message for a dataset, its requests that start meanwhile (admitted before the stop, sent
+#: after the watcher looked) are looked for this often, for ``HOT_FOR_S``.
+HOT_POLL_S: Final = 0.25
+HOT_FOR_S: Final = 10.0
 #: Abort requests sent at once (each is one short POST).
 ABORT_THREADS: Final = 16
 #: After losing its pub/sub connection, the watcher waits this long before reconnecting.
@@ -164,7 +170,9 @@ class StopWatcher:
 
     def _run(self) -> None:
         pubsub = None
-        next_poll = 0.0
+        next_poll = next_hot = 0.0
+        #: Datasets a stop message named lately, and until when (monotonic) they are looked at often.
+        hot: dict[str, float] = {}
         while not self._stop.is_set():
             try:
                 if pubsub is None:
@@ -175,10 +183,18 @@ class StopWatcher:
                     self.check(self._inflight.datasets())
                     self._hang_up_overdue()
                     next_poll = now + self._poll_s
-                message = pubsub.get_message(timeout=max(0.0, next_poll - time.monotonic()))
+                if hot and now >= next_hot:
+                    hot = {d: until for d, until in hot.items() if until > now}
+                    self.check(sorted(set(hot) & set(self._inflight.datasets())))
+                    self._hang_up_overdue()
+                    next_hot = now + min(HOT_POLL_S, self._poll_s)
+                wake = min(next_poll, next_hot) if hot else next_poll
+                message = pubsub.get_message(timeout=max(0.0, wake - time.monotonic()))
                 if message is not None and message.get("type") == "message":
                     dataset = message["data"]
                     dataset = dataset.decode() if isinstance(dataset, bytes) else str(dataset)
+                    hot[dataset] = time.monotonic() + HOT_FOR_S
+                    next_hot = time.monotonic() + HOT_POLL_S
                     if dataset in self._inflight.datasets():
                         self.check([dataset])
             except (LedgerError, redis.RedisError, OSError) as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from celery import Task, signals
@@ -110,12 +111,21 @@ def generation_pool() -> ThreadPoolExecutor:
 
 
 def _run_in_room(attempt: Attempt) -> None:
+    """Run one admitted sample; its room is free once its generation is recorded (its commit may wait a
+    moment for others to share the ledger call) or once it ends otherwise."""
+    freed: list[bool] = []
+
+    def free() -> None:
+        if not freed:
+            freed.append(True)
+            room.give(1)
+
     try:
-        runner().run_admitted(attempt)
+        runner().run_admitted(replace(attempt, on_generated=free))
     except Exception:  # the runner gave the sample back to the ledger; say why here
         log.exception("%s/%s: generation failed", attempt.dataset, attempt.sid)
     finally:
-        room.give(1)
+        free()
 
 
 @app.task(name=GENERATE_GROUP_TASK, bind=True, acks_late=True, ignore_result=True)

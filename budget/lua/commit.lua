@@ -17,7 +17,12 @@
 local STRIDE = 7
 local n = #ARGV / STRIDE
 local out = {}
-if not known(ledger) then
+local f = redis.call('HMGET', ledger, 'state', 'max_samples', 'tokens', 'samples', 'truncated',
+  'live_tokens', 'reserved_tokens', 'wasted_tokens', 'token_budget', 'on_budget', 'discarded_tokens',
+  'reasoning_tokens', 'hit_max_new', 'longest', 'max_new_tokens')
+local state = f[1]
+-- an attempt that ends after the dataset was forgotten must not bring its ledger back
+if not state then
   out[1] = 'unknown'
   for i = 1, n do out[#out + 1] = 'unknown' end
   return out
@@ -26,18 +31,19 @@ local sids = {}
 for i = 1, n do sids[i] = ARGV[STRIDE * (i - 1) + 1] end
 local owner = redis.call('HMGET', owners, unpack(sids))
 local live_of = redis.call('HMGET', live, unpack(sids))
-local reserved_of = redis.call('HMGET', reserved, unpack(sids))
 local is_done = redis.call('HMGET', done, unpack(sids))
-local f = redis.call('HMGET', ledger, 'state', 'max_samples', 'tokens', 'samples', 'truncated',
-  'live_tokens', 'reserved_tokens', 'wasted_tokens', 'token_budget', 'on_budget', 'discarded_tokens',
-  'reasoning_tokens', 'hit_max_new', 'longest')
-local state, max = f[1], tonumber(f[2] or '')
+local max = tonumber(f[2] or '')
 local tokens, samples, truncated = tonumber(f[3]) or 0, tonumber(f[4]) or 0, tonumber(f[5]) or 0
 local live_tokens, reserved_tokens, wasted = tonumber(f[6]) or 0, tonumber(f[7]) or 0, tonumber(f[8]) or 0
+local budget, mode = tonumber(f[9] or ''), f[10]
 -- an attempt that lost its lease has no reservation: it is counted only where the budget still has room
-local strict_budget = f[10] ~= 'drain' and tonumber(f[9] or '') or nil
+local strict_budget = mode ~= 'drain' and budget or nil
 local discarded = tonumber(f[11]) or 0
 local reasoning, hit_max_new, longest = tonumber(f[12]) or 0, tonumber(f[13]) or 0, tonumber(f[14]) or 0
+-- reservations exist only while some are held (a dataset without a token budget never has any)
+local reserved_of = {}
+if reserved_tokens ~= 0 then reserved_of = redis.call('HMGET', reserved, unpack(sids)) end
+local any_live = false
 
 local dropped, done_args, committed_sids, back, committed_here, dropped_here = {}, {}, {}, {}, {}, {}
 local new_tokens, new_samples = 0, 0
@@ -54,6 +60,7 @@ for i = 1, n do
     -- sid listed twice in the batch must not give back its lease's live tokens and reservation twice)
     dropped_here[sid] = true
     local was_live = tonumber(live_of[i]) or 0
+    if live_of[i] then any_live = true end
     generated = k - was_live
     live_tokens = live_tokens - was_live
     reserved_tokens = reserved_tokens - (tonumber(reserved_of[i]) or 0)
@@ -98,17 +105,33 @@ end
 if #dropped > 0 then
   redis.call('ZREM', leases, unpack(dropped))
   redis.call('HDEL', owners, unpack(dropped))
-  redis.call('HDEL', live, unpack(dropped))
-  redis.call('HDEL', reserved, unpack(dropped))
+  if any_live then redis.call('HDEL', live, unpack(dropped)) end
+  if #reserved_of > 0 then redis.call('HDEL', reserved, unpack(dropped)) end
 end
 if #done_args > 0 then
   redis.call('HSET', done, unpack(done_args))
   redis.call('HDEL', pending, unpack(committed_sids))
 end
 if #back > 0 then redis.call('HSET', pending, unpack(back)) end
-redis.call('HSET', ledger, 'tokens', tokens, 'samples', samples, 'truncated', truncated,
+-- active <-> exhausted from the limits, as refresh_state does, from the figures in hand
+if new_samples > 0 and (state == 'active' or state == 'exhausted') then
+  local reached = max and samples >= max
+  if budget then
+    local floor = 1
+    if mode == 'discard' then floor = math.max(1, tonumber(f[15] or '0') or 0) end
+    reached = reached or budget - (tokens + discarded) < floor
+  end
+  if reached then state = 'exhausted' else state = 'active' end
+  out[1] = state
+end
+local fields = {'tokens', tokens, 'samples', samples, 'truncated', truncated,
   'live_tokens', live_tokens, 'reserved_tokens', reserved_tokens, 'wasted_tokens', wasted,
-  'reasoning_tokens', reasoning, 'hit_max_new', hit_max_new, 'longest', longest)
+  'reasoning_tokens', reasoning, 'hit_max_new', hit_max_new, 'longest', longest}
+if state ~= f[1] then
+  fields[#fields + 1] = 'state'
+  fields[#fields + 1] = state
+end
+redis.call('HSET', ledger, unpack(fields))
 if #buckets == 1 then
   redis.call('HINCRBY', lengths, buckets[1], per_bucket[buckets[1]])
 elseif #buckets > 1 then
@@ -123,5 +146,4 @@ end
 local sec = tonumber(redis.call('TIME')[1])
 rate_add(rate_tokens, new_tokens, sec)
 rate_add(rate_samples, new_samples, sec)
-if new_samples > 0 then out[1] = refresh_state(ledger) end
 return out

@@ -111,7 +111,8 @@ def test_max_samples_is_never_exceeded(
 def test_resuming_after_an_interrupted_submit_generates_no_done_sample_again(
     workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Path
 ) -> None:
-    sim = sim_factory(step_time_s=0.01, output_len_mean=30.0)
+    # 8 at a time (0.3 s each): the run lasts several seconds, so the kill at 20 done lands mid-run
+    sim = sim_factory(step_time_s=0.01, output_len_mean=30.0, max_running_requests=8)
     name = unique("resumed")
     n = 150
     config = write_config(
