@@ -376,6 +376,10 @@ class SampleRunner:
                 last_server = server
                 continue
             return self._record(a, gen, truncated=self._cut_by_reservation(a, gen))
+        if last_server is not None:
+            # the last attempt's failure: told to the server's health now (the block it ran in ended
+            # without an exception, which would read as an answer at this thread's next generation)
+            self.picker.settle(last_server, None if isinstance(last_error, ServerBusy) else last_error)
         reason = f"gave up after {spec.max_attempts} attempts: {last_error.message if last_error else '?'}"
         return self._give_up(a, reason)
 

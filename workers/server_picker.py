@@ -303,6 +303,11 @@ class ServerPicker:
             servers, caps, tokens, self._lease_ms, avoid=avoid, first=random.randrange(len(servers))
         )
 
+    def settle(self, server: str, failure: BaseException | None) -> None:
+        """This thread's last generation on ``server`` failed with ``failure`` and no retry follows (the
+        task gave up): its server's health hears it now, not as a success at the thread's next use."""
+        self._settle_previous(server, failure)
+
     def _settle_previous(self, avoid: str | None, failure: BaseException | None) -> None:
         """Report how this thread's previous generation went, now that its outcome is known."""
         pending: tuple[str, int] | None = getattr(self._local, "pending", None)

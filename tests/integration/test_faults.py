@@ -255,7 +255,9 @@ def test_a_server_that_keeps_failing_fails_each_sample_after_three_give_ups_with
         datasets=[{"name": name, "rows": token_rows(5)}],
     )
     config.write_text(
-        config.read_text() + "\n[retry]\nmax_attempts = 2\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.1\n"
+        # min_span_s: a task's last attempt waits until this long after its first (default 10 s)
+        config.read_text()
+        + "\n[retry]\nmax_attempts = 2\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.1\nmin_span_s = 1.0\n"
     )
 
     assert main(["submit", str(config), "--no-server-check"]) == 0

@@ -198,6 +198,22 @@ def test_a_success_between_failures_resets_the_streak(make_picker: Callable[[], 
     assert picker.board.status([B])[0].fails_in_a_row == 0
 
 
+def test_a_failed_last_attempt_settled_at_give_up_counts_as_a_failure_not_a_later_success(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    picker = make_picker()
+    error = ServerUnavailable("HTTP 503: busy", server=B, status=503)
+    for _ in range(2):  # two tasks whose only attempt failed on B, then gave up
+        with picker.use([B]):
+            pass
+        picker.settle(B, error)
+    with picker.use([A]):
+        pass  # the thread's next generation, elsewhere: it says nothing about B
+
+    status = picker.board.status([B])[0]
+    assert status.fails_in_a_row == 2 and status.last_error == "HTTP 503: busy"
+
+
 @pytest.fixture
 def sim() -> Iterator[SimServerThread]:
     with SimServerThread(SimConfig(port=0, step_time_s=0.002)) as server:
