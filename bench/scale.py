@@ -497,7 +497,7 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
     for workload in args.default_workloads:
         w = WORKLOADS[workload]
         for inflight in args.default_inflight:
-            n = max(4 * inflight, 600 if workload == "mean400" else 6000)
+            n = max(4 * inflight, 600 if workload == "mean400" else 6000) * args.default_scale
             with (
                 tempfile.TemporaryDirectory() as tmp,
                 embedded_redis(Path(tmp) / "redis") as redis_url,
@@ -575,6 +575,9 @@ def main() -> int:
     p.add_argument("--budgets", type=int, nargs="+", default=[50_000, 10_000_000])
     p.add_argument("--budget-inflight", type=int, nargs="+", default=[64, 1024])
     p.add_argument("--default-inflight", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument(
+        "--default-scale", type=int, default=1, help="defaults: times more requests a run (longer runs)"
+    )
     p.add_argument("--default-workloads", nargs="+", default=["mean400", "short"], choices=list(WORKLOADS))
     p.add_argument("--json", type=Path)
     args = p.parse_args()
