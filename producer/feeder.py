@@ -48,8 +48,6 @@ IDLE_POLL_S: Final = 0.1
 #: After a round that published nothing (the window full, or nothing to feed), the wait before the next
 #: grows to this: each round reads every dataset's snapshot, a dozen Redis commands.
 IDLE_POLL_MAX_S: Final = 1.0
-#: ... or to this once every source is read and nothing is queued: the last generations are running.
-ENDING_POLL_S: Final = 0.2
 
 #: Reclaim expired leases and audit queued samples this often.
 AUDIT_EVERY_S: Final = 5.0
@@ -362,19 +360,8 @@ class Feeder:
                     feed.buffer.clear()
                 last_audit = 0.0
                 continue
-            idle_s = IDLE_POLL_S if self.published != published else min(self._idle_cap(), idle_s * 2)
+            idle_s = IDLE_POLL_S if self.published != published else min(IDLE_POLL_MAX_S, idle_s * 2)
             time.sleep(idle_s)
-
-    def _idle_cap(self) -> float:
-        """The longest wait between rounds now: short once every source is read and nothing is queued (the
-        end is near, and submit should see it settle at once), else ``IDLE_POLL_MAX_S``."""
-        snaps = self.last_snapshots
-        ending = (
-            len(snaps) == len(self.feeds)
-            and all(f.pass_complete for f in self.feeds)
-            and not any(s.queued for s in snaps)
-        )
-        return ENDING_POLL_S if ending else IDLE_POLL_MAX_S
 
     def _housekeeping(self, reclaim: bool, audit_after_ms: int) -> None:
         """Take back expired leases and queued samples whose message was lost (see the ledger scripts)."""

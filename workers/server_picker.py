@@ -166,8 +166,13 @@ class ServerPicker:
             if not (answered and self._hand_over(server, token)):
                 with self._lock:
                     self._held.pop(token, None)
+                    # the process's last slot: the handed-over ones are counted now, before this
+                    # generation's commit can settle the run (status then shows every request)
+                    last = not self._held and not self._waiting and bool(self._handed)
                 try:
                     ended_ms = self._releases.call(server, token)
+                    if last:
+                        self._flush_handed()
                 except LedgerError as e:  # the slot expires on its own
                     log.warning("could not give back a slot on %s: %s", server, e)
                 self._wake.set()  # a waiting generation may take the slot
