@@ -48,6 +48,9 @@ IDLE_POLL_S: Final = 0.1
 #: After a round that published nothing (the window full, or nothing to feed), the wait before the next
 #: grows to this: each round reads every dataset's snapshot, a dozen Redis commands.
 IDLE_POLL_MAX_S: Final = 1.0
+#: ... or to this while a dataset's budget is all reserved by generations in flight: a freed reservation
+#: reaches a new generation through the next round (a budget's tail runs at this pace).
+BUDGET_POLL_S: Final = 0.25
 
 #: Reclaim expired leases and audit queued samples this often.
 AUDIT_EVERY_S: Final = 5.0
@@ -205,6 +208,8 @@ class Feeder:
         self.window = window
         #: Samples published so far (a round that publishes none lets the next one wait longer).
         self.published = 0
+        #: Whether the last round found a dataset's budget all reserved by generations in flight.
+        self.budget_waiting = False
         #: The snapshots the last round read, one per dataset.
         self.last_snapshots: list[DatasetSnapshot] = []
         self.batch = batch
@@ -231,6 +236,7 @@ class Feeder:
     def step(self) -> bool:
         """One round over the datasets. Returns True when every dataset is settled."""
         all_settled = True
+        self.budget_waiting = False
         self.last_snapshots = []
         for feed in self.feeds:
             snap = self.ledger.snapshot(feed.name)
@@ -264,6 +270,9 @@ class Feeder:
             codes = self.ledger.enqueue(feed.name, [s.sample_id for s in samples], self.window)
             if codes and codes[0] in (ENQUEUE_NOT_ACTIVE, ENQUEUE_BUDGET_IN_FLIGHT):
                 feed.put_back(samples)
+                # the budget is all reserved by generations in flight: each commit gives some back,
+                # and the next round should find it soon
+                self.budget_waiting = self.budget_waiting or codes[0] == ENQUEUE_BUDGET_IN_FLIGHT
                 return
             to_publish = [s for s, c in zip(samples, codes, strict=False) if c == ENQUEUE_PUBLISH]
             if to_publish:
@@ -360,7 +369,8 @@ class Feeder:
                     feed.buffer.clear()
                 last_audit = 0.0
                 continue
-            idle_s = IDLE_POLL_S if self.published != published else min(IDLE_POLL_MAX_S, idle_s * 2)
+            longest = BUDGET_POLL_S if self.budget_waiting else IDLE_POLL_MAX_S
+            idle_s = IDLE_POLL_S if self.published != published else min(longest, idle_s * 2)
             time.sleep(idle_s)
 
     def _housekeeping(self, reclaim: bool, audit_after_ms: int) -> None:
