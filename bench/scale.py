@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import math
 import multiprocessing
@@ -25,6 +26,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -48,6 +50,7 @@ from bench._common import (
 )
 from bench.throughput import anchor, prompts
 from budget import CommitItem, DatasetLimits, Ledger
+from budget.scripts import SCRIPT_NAMES, script_source
 from budget.server_board import ServerLedger
 from tests.support.files import write_config
 from tokenfleet.config import load_config
@@ -99,15 +102,10 @@ class RedisMeter:
 class CommandCensus:
     """Who sends what: every command seen by ``MONITOR`` while it runs, ledger scripts by name and other
     commands with the first part of their first key; a script's count includes the commands it calls. A
-    diagnosis (``fleet --census``): MONITOR itself costs
-    Redis CPU, so its runs' CPU figures are not the fleet's."""
+    diagnosis (``fleet --census``): MONITOR itself costs Redis CPU, so its runs' CPU figures are not the
+    fleet's."""
 
     def __init__(self, url: str) -> None:
-        import hashlib
-        import threading
-
-        from budget.scripts import SCRIPT_NAMES, script_source
-
         self.names = {hashlib.sha1(script_source(n).encode()).hexdigest(): n for n in SCRIPT_NAMES}
         self.counts: dict[str, int] = {}
         self.client = redis.Redis.from_url(url)

@@ -65,9 +65,8 @@ CANCEL_CHECK_S: Final = 0.5
 #: while a server it knows is down or failing.
 TICK_MAX_S: Final = 1.0
 #: Seconds between counts of handed-over slots in the servers' figures (status only; at once when the
-#: process has nothing in flight), and between looks
-#: for probes due while no server this process knows was down or failing at its last pick (a server found
-#: down at a pick is looked at every tick).
+#: process has nothing in flight), and between looks for probes due while no server this process knows
+#: was down or failing at its last pick (a server found down at a pick is looked at every tick).
 FLUSH_EVERY_S: Final = 5.0
 #: A worker stops probing a server it has not picked among for this long (the config moved on).
 FORGET_AFTER_S: Final = 3600.0
@@ -168,7 +167,7 @@ class ServerPicker:
                     self._held.pop(token, None)
                     # the process's last slot: the handed-over ones are counted now, before this
                     # generation's commit can settle the run (status then shows every request)
-                    last = not self._held and not self._waiting and bool(self._handed)
+                    last = self._idle_with_uncounted()
                 try:
                     ended_ms = self._releases.call(server, token)
                     if last:
@@ -195,6 +194,11 @@ class ServerPicker:
                     w.done.set()
                     return True
         return False
+
+    def _idle_with_uncounted(self) -> bool:
+        """Whether nothing runs or waits here and handed-over slots are still to be counted (their counts
+        then go out at once: status shows every request). The caller holds the lock."""
+        return not self._held and not self._waiting and bool(self._handed)
 
     def _flush_handed(self) -> None:
         """Count the slots handed over since the last flush in their servers' figures (one call each)."""
@@ -400,8 +404,7 @@ class ServerPicker:
                     next_renew = now + renew_every_s
                     self._renew()
                 with self._lock:
-                    # once nothing runs here the counts go out at once: status then shows every request
-                    idle = not self._held and not self._waiting and bool(self._handed)
+                    idle = self._idle_with_uncounted()
                 if now >= next_flush or idle:
                     next_flush = now + FLUSH_EVERY_S
                     self._flush_handed()

@@ -56,11 +56,24 @@ end
 -- the budget counts as reached once less than max_new_tokens is left. drain reserves nothing and starts
 -- a generation while committed + live + the expected rest of those running stay below the budget.
 
--- The smallest reservation a generation may start with under ``mode`` (nil: no reservations).
-local function reserve_floor(ledger, mode)
-  if mode == 'discard' then return math.max(1, num(ledger, 'max_new_tokens')) end
+-- The smallest reservation a generation may start with under ``mode``, the dataset's max_new_tokens
+-- being ``max_new`` (nil: no reservations).
+local function floor_of(mode, max_new)
+  if mode == 'discard' then return math.max(1, max_new) end
   if mode == 'drain' then return nil end
   return 1
+end
+
+local function reserve_floor(ledger, mode)
+  local max_new = 0
+  if mode == 'discard' then max_new = num(ledger, 'max_new_tokens') end
+  return floor_of(mode, max_new)
+end
+
+-- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest reservation
+-- ``floor`` left (nil, drain, which reserves nothing: no token left).
+local function budget_reached(budget, spent_tokens, floor)
+  return budget - spent_tokens < (floor or 1)
 end
 
 -- The reservation for one more generation that wants ``want`` tokens, given ``left`` unreserved tokens
@@ -112,8 +125,8 @@ end
 local function limit_reached(ledger)
   local budget = limit(ledger, 'token_budget')
   if budget then
-    local floor = reserve_floor(ledger, redis.call('HGET', ledger, 'on_budget')) or 1
-    if budget - spent(ledger) < floor then return 'token_budget' end
+    local floor = reserve_floor(ledger, redis.call('HGET', ledger, 'on_budget'))
+    if budget_reached(budget, spent(ledger), floor) then return 'token_budget' end
   end
   local max = limit(ledger, 'max_samples')
   if max and num(ledger, 'samples') >= max then return 'max_samples' end

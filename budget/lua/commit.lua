@@ -113,14 +113,10 @@ if #done_args > 0 then
   redis.call('HDEL', pending, unpack(committed_sids))
 end
 if #back > 0 then redis.call('HSET', pending, unpack(back)) end
--- active <-> exhausted from the limits, as refresh_state does, from the figures in hand
+-- active <-> exhausted from the limits (the rule of limit_reached), from the figures in hand
 if new_samples > 0 and (state == 'active' or state == 'exhausted') then
-  local reached = max and samples >= max
-  if budget then
-    local floor = 1
-    if mode == 'discard' then floor = math.max(1, tonumber(f[15] or '0') or 0) end
-    reached = reached or budget - (tokens + discarded) < floor
-  end
+  local reached = (max and samples >= max)
+    or (budget and budget_reached(budget, tokens + discarded, floor_of(mode, tonumber(f[15]) or 0)))
   if reached then state = 'exhausted' else state = 'active' end
   out[1] = state
 end
