@@ -1,10 +1,10 @@
 """A worker process's heartbeat in the ledger: its version and code, so ``status`` can show who is online
 and flag one that runs other code than the submitter, and its facts (its generations in flight).
 
-A beat goes out as soon as the facts change (looked at every ``CHECK_EVERY_S``) and at least every
-``HEARTBEAT_EVERY_S``. Beating only on the timer left the in-flight figure of the last beat standing for up
-to that long: a job that had just settled showed a worker with generations in flight while every dataset
-showed none."""
+A beat goes out as soon as the worker turns idle or busy (looked at every ``CHECK_EVERY_S``), for other
+changes of its facts at most every ``CHANGE_GAP_S``, and at least every ``HEARTBEAT_EVERY_S``. Beating
+only on the timer left the in-flight figure of the last beat standing for up to that long: a job that had
+just settled showed a worker with generations in flight while every dataset showed none."""
 
 from __future__ import annotations
 
@@ -73,10 +73,12 @@ class Heartbeat:
         while not self._stop.wait(self._check_every_s):
             facts = self._facts()
             since = time.monotonic() - self._sent_at
-            # A change is sent within a second (at once when the worker becomes idle, so a settled job
-            # never shows work in flight); a busy worker's count changes all the time, and a beat per
-            # check would be Redis work per worker that the job does not need.
-            idle_now = facts.get("inflight") == 0 and (self._sent or {}).get("inflight") != 0
-            changed = facts != self._sent and (since >= CHANGE_GAP_S or idle_now)
+            # A change is sent within CHANGE_GAP_S, and at once when the worker becomes idle or busy (a
+            # settled job never shows work in flight, a started one shows its worker at work); a busy
+            # worker's count changes all the time, and a beat per check would be Redis work per worker
+            # that the job does not need.
+            was_idle = (self._sent or {}).get("inflight") == 0
+            turned = (facts.get("inflight") == 0) != was_idle
+            changed = facts != self._sent and (since >= CHANGE_GAP_S or turned)
             if changed or since >= self._every_s:
                 self._beat(facts)
