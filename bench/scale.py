@@ -437,6 +437,11 @@ def section_ledger_only(args: argparse.Namespace) -> list[str]:
 # --- budgets: server tokens against the budget, with the real workers and the simulator ------------------
 
 
+def count_in_logs(logs: Path, text: str) -> int:
+    """Lines of the worker logs in ``logs`` that hold ``text``."""
+    return sum(log.read_text(errors="replace").count(text) for log in logs.glob("*.log"))
+
+
 def section_budgets(args: argparse.Namespace) -> list[str]:
     rows = []
     for budget in args.budgets:
@@ -466,6 +471,7 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
                         f"{server / budget:.4f}x",
                         f"{(server - snap.tokens) / budget:.2%}",
                         f"{snap.truncated}",
+                        str(count_in_logs(Path(tmp) / "logs", "stalled: nothing received")),
                         f"{f['elapsed_s']:.0f} s",
                     ]
                 )
@@ -480,6 +486,7 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
                 "server / budget (goal <= 1.02)",
                 "waste (goal <= 2%)",
                 "truncated",
+                "streams stalled",
                 "run",
             ],
             rows,

@@ -33,6 +33,7 @@ from workers.sglang.client import (
     ProtocolError,
     RequestRejected,
     ServerBusy,
+    ServerStalled,
     ServerUnavailable,
     SGLangClient,
     SGLangError,
@@ -40,7 +41,7 @@ from workers.sglang.client import (
 )
 from workers.sink import OutputUnwritable, dataset_dir
 from workers.stops import InflightRequests, StopWatcher
-from workers.stream_pacing import StreamPacer
+from workers.stream_pacing import PacedTooLong, StreamPacer
 
 log = logging.getLogger(__name__)
 
@@ -320,15 +321,14 @@ class SampleRunner:
                         caps=spec.max_inflight_per_server,
                         cancelled=lambda: request.handle.requested,
                     ) as server:
+                        paced = self.pacer.open(
+                            server, int(sampling.get("max_new_tokens") or 0), spec.stall_timeout_s
+                        )
                         try:
                             self.client.set_auth(server, server_auth(spec.auth_of(server)))
                             params = sampling
                             if "stream_interval" not in spec.sampling:
-                                every = self.pacer.interval(
-                                    server, int(sampling.get("max_new_tokens") or 0), spec.stall_timeout_s
-                                )
-                                params = {**sampling, "stream_interval": every}
-                            started = time.monotonic()
+                                params = {**sampling, "stream_interval": paced.interval}
                             gen = generate(
                                 server,
                                 rid=request.handle.rid,
@@ -336,12 +336,12 @@ class SampleRunner:
                                 input_ids=a.sample.get("input_ids"),
                                 text=a.sample.get("text"),
                                 timeout_s=spec.timeout_s,
-                                on_tokens=on_tokens,
+                                on_tokens=self.pacer.hearing(paced, on_tokens),
                                 stop=request.handle,
                                 stall_timeout_s=spec.stall_timeout_s,
                             )
                             if not gen.aborted and not gen.stopped_by_us:
-                                self.pacer.observe(server, gen.completion_tokens, time.monotonic() - started)
+                                self.pacer.finished(paced, gen.completion_tokens)
                         except (RequestRejected, ProtocolError) as e:
                             return self._fail(a, e.message, live)
                         except (Unauthorized, MissingKey) as e:
@@ -353,10 +353,22 @@ class SampleRunner:
                             kept = conversation.kept_tokens if conversation else 0
                             self.ledger.release(a.dataset, a.sid, a.attempt, "unauthorized", kept)
                             return Outcome("dropped", "unauthorized")
+                        except ServerStalled as e:
+                            last_error, last_server = e, server
+                            if self.pacer.stalled(paced, live, spec.stall_timeout_s):
+                                last_error = PacedTooLong(
+                                    f"{e.message}, while it answered other streams: "
+                                    f"the interval of {paced.interval} tokens was too long for its speed",
+                                    server=server,
+                                )
+                            log.warning("%s/%s attempt %d: %s", a.dataset, a.sid, try_no, last_error)
+                            continue
                         except ServerUnavailable as e:
                             last_error, last_server = e, server
                             log.warning("%s/%s attempt %d: %s", a.dataset, a.sid, try_no, e)
                             continue
+                        finally:
+                            self.pacer.close(paced)
                 except SlotWaitCancelled:
                     verdict, state = self._progress(a)
                     kept = conversation.kept_tokens if conversation else 0
