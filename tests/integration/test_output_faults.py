@@ -3,19 +3,15 @@ and after space returns the work goes on with every record whole and counted onc
 
 from __future__ import annotations
 
-import errno
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from budget import Ledger
-from tests.support.env import IN_CI
+from tests.support.disks import every_line_is_a_whole_record, fill, mounted_tmpfs
 from tests.support.files import unique, write_config
 from tests.support.fleet import BackgroundSubmit, Sim, export, text_rows, wait_until
 
@@ -30,45 +26,8 @@ FLEET_SLOTS = 16
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs of DISK_BYTES, mounted for the test (root only: CI runs as root)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        if IN_CI:
-            raise AssertionError(f"cannot mount a tmpfs: {done.stderr.decode()}")
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Take every free byte of ``disk`` with one file."""
-    filler = disk / "filler.bin"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (65536, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError as e:
-                assert e.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
-
-
-def every_line_is_a_whole_record(folder: Path) -> list[dict[str, Any]]:
-    records = []
-    for part in sorted(folder.glob("part-*.jsonl")):
-        data = part.read_bytes()
-        assert data.endswith(b"\n") or not data, f"{part.name} ends with a torn record"
-        records += [orjson.loads(line) for line in data.splitlines()]
-    return records
+    with mounted_tmpfs(tmp_path / "disk", DISK_BYTES) as disk:
+        yield disk
 
 
 def test_a_full_disk_stops_generation_shows_why_and_resumes_with_whole_records(

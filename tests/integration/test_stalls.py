@@ -71,3 +71,40 @@ def test_a_wedged_server_is_given_up_after_the_stall_timeout_and_the_other_serve
 
     wedging.configure(wedged=False)  # the engine comes back: a probe generation succeeds, it is up again
     wait_until(lambda: server(fleet_ledger, wedging.url).up, timeout_s=45, what="the server up again")
+
+
+def test_a_server_that_slows_down_past_its_streams_intervals_is_paced_again_and_finishes_the_job(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, sim_factory: Callable[..., Sim], tmp_path: Any
+) -> None:
+    """Streams paced for a fast server (a chunk at the first token, one at the end) outlast the stall
+    timeout once it slows 15x. The stalls drop the pacer's speed to what they saw, so the retries ask for
+    short intervals and the job finishes with nothing failed. (A pacer that learned only from answers
+    paced every retry for the old speed, and the samples failed.) All streams went silent at once, as on
+    a wedged server, so the server may be marked down once; its probe brings it back."""
+    stall_s = 2.0
+    sim = sim_factory(step_time_s=0.001, fixed_output_len=200)
+    warm, slow = unique("fast"), unique("slowdown")
+    n = 32
+    for name in (warm, slow):
+        config = write_config(
+            tmp_path / name,
+            redis_url=fleet_redis_url,
+            servers=[sim.url],
+            datasets=[{"name": name, "rows": text_rows(n)}],
+            sampling={"max_new_tokens": 200},
+        )
+        config.write_text(
+            config.read_text().replace("timeout_s = 60\n", f"timeout_s = 60\nstall_timeout_s = {stall_s}\n")
+        )
+        if name == slow:
+            # The workers measured 200 tokens in about 0.3 s (over 400 tokens/s, so a chunk every
+            # stall_s / 4 is more than 200 tokens: paced at max_new_tokens). Now they take 3 s, past the
+            # stall timeout; 64 (the shortest interval) take 1 s.
+            sim.configure(step_time_s=0.015)
+        assert BackgroundSubmit(config, "--window", "16").wait(120) == 0
+
+    snap = fleet_ledger.snapshot(slow)
+    assert snap.samples == n and snap.failed == 0
+    assert len(export(fleet_ledger, slow, tmp_path)) == n
+    assert sim.stats()["requests"] > 2 * n, "no stream outlasted the stall timeout: the test proved nothing"
+    assert server(fleet_ledger, sim.url).downs <= 1
