@@ -3,8 +3,8 @@
 A group task's samples are admitted together and then run in the process's generation pool on their own:
 the task returns (its message is acknowledged) once they are admitted, and a sample that ends frees its
 room at once for the next message's, whatever the rest of its group does. The room is the process's
-share of the servers: sized from the caps of the servers of the datasets it has run (twice their sum, so
-a sample is ready whenever a server slot frees), and it says when that changes. Where a server has no cap
+share of the servers: sized from the caps of the servers of the datasets it has run (their sum and spares,
+so a sample is ready whenever a server slot frees), and it says when that changes. Where a server has no cap
 (a router, a server submit could not ask) the room is the worker's ``--concurrency``, as when each
 generation held a Celery thread.
 """
@@ -24,8 +24,11 @@ DEFAULT_ROOM: Final = 32
 #: Room at least, and at most, whatever the servers' caps.
 MIN_ROOM: Final = 8
 MAX_ROOM: Final = 4096
-#: Samples admitted per sample the servers can run at once.
-OVERBOOK: Final = 2
+#: Samples admitted beyond what the servers can run at once: as many again for small caps, at most this
+#: many more. A spare sample only needs to be ready when a slot frees; at a cap of 1,024 twice the cap
+#: was 2,048 threads a process, and in a 1,024-in-flight run they queued for the GIL and the process's
+#: locks while the server sat idle.
+SPARE_MAX: Final = 128
 
 
 def room_for(caps: Mapping[str, int | None], default: int = DEFAULT_ROOM) -> int:
@@ -33,7 +36,7 @@ def room_for(caps: Mapping[str, int | None], default: int = DEFAULT_ROOM) -> int
     if not caps or any(c is None for c in caps.values()):
         return default
     total = sum(c for c in caps.values() if c is not None)
-    return max(MIN_ROOM, min(MAX_ROOM, OVERBOOK * total))
+    return max(MIN_ROOM, min(MAX_ROOM, total + min(total, SPARE_MAX)))
 
 
 class ProcessRoom:
@@ -73,11 +76,10 @@ class ProcessRoom:
             limit = max(self._sized_by.values())
             if limit != self._limit:
                 log.warning(
-                    "room for %d generations at once in this process (%s: servers' caps %s, x%d)",
+                    "room for %d generations at once in this process (%s: servers' caps %s, and spares)",
                     limit,
                     dataset,
                     dict(caps),
-                    OVERBOOK,
                 )
                 self._limit = limit
                 self._cond.notify_all()

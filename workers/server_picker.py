@@ -59,7 +59,7 @@ WAIT_MAX_S: Final = 0.25
 WAIT_IDLE_MAX_S: Final = 1.0
 #: Waiting generations offered per script call at most (the rest wait for the next round).
 PICKS_PER_CALL: Final = 64
-#: A waiting generation looks this often whether its dataset was stopped meanwhile.
+#: The picks thread looks this often whether the dataset of a waiting generation was stopped meanwhile.
 CANCEL_CHECK_S: Final = 0.5
 #: The picker's background thread renews slots every quarter lease, and looks for due probes this often
 #: while a server it knows is down or failing.
@@ -87,6 +87,7 @@ class _Waiter:
 
     key: PickKey
     token: str
+    cancelled: Callable[[], bool] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     url: str | None = None
     error: BaseException | None = None
@@ -231,19 +232,14 @@ class ServerPicker:
         (``budget/lua/server_acquire.lua``): while every server is at its cap the wait costs Redis one
         call per round for the whole process, not one per generation."""
         self._start()
-        now = time.monotonic()
+        waiter = _Waiter((tuple(servers), tuple(caps), avoid), token, cancelled)
         with self._lock:
-            self._known.update(dict.fromkeys(servers, now))
-        waiter = _Waiter((tuple(servers), tuple(caps), avoid), token)
-        with self._lock:
+            self._known.update(dict.fromkeys(servers, time.monotonic()))
             self._waiting.append(waiter)
         self._wake.set()
-        while not waiter.done.wait(CANCEL_CHECK_S):
-            if cancelled is not None and cancelled():
-                with self._lock:
-                    if not waiter.done.is_set():
-                        self._waiting.remove(waiter)
-                        raise SlotWaitCancelled()
+        # No timeout: the picks thread looks for cancelled waits (a thousand waiting threads that woke
+        # twice a second to look themselves kept the GIL busy for nothing)
+        waiter.done.wait()
         if waiter.error is not None:
             raise waiter.error
         assert waiter.url is not None
@@ -253,9 +249,16 @@ class ServerPicker:
         """The picks thread: offer the waiting generations, oldest first, to the servers; wait for a slot
         given back here (or ``WAIT_MAX_S``, for one given back elsewhere) while some still wait."""
         wait_s = WAIT_MAX_S
+        next_pick = next_cancel_check = time.monotonic()
         while not self._stop.is_set():
-            woken = self._wake.wait(wait_s)
+            woken = self._wake.wait(max(0.0, min(next_pick, next_cancel_check) - time.monotonic()))
             self._wake.clear()
+            now = time.monotonic()
+            if now >= next_cancel_check:
+                next_cancel_check = now + CANCEL_CHECK_S
+                self._end_cancelled_waits()
+            if not woken and now < next_pick:
+                continue
             with self._lock:
                 by_key: dict[PickKey, list[_Waiter]] = {}
                 for w in self._waiting:
@@ -299,6 +302,15 @@ class ServerPicker:
             # while asking finds none, up to WAIT_IDLE_MAX_S; a local release or a new ask resets it.
             granted = any(w.done.is_set() for ws in by_key.values() for w in ws)
             wait_s = WAIT_MAX_S if (woken or granted) else min(WAIT_IDLE_MAX_S, wait_s * 2)
+            next_pick = time.monotonic() + wait_s
+
+    def _end_cancelled_waits(self) -> None:
+        """Waits whose generation was stopped meanwhile end with ``SlotWaitCancelled``."""
+        with self._lock:
+            for w in [w for w in self._waiting if w.cancelled is not None and w.cancelled()]:
+                self._waiting.remove(w)
+                w.error = SlotWaitCancelled()
+                w.done.set()
 
     # --- health ---------------------------------------------------------------------------------
 
