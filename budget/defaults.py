@@ -28,9 +28,10 @@ ON_BUDGET: Final = "truncate"
 #: "always": a record is on disk (fsync) before the ledger counts it; "never": in the page cache.
 FSYNC: Final = "always"
 #: When a dataset's sampling sets no ``stream_interval``, the worker picks one per request so that a
-#: chunk comes about every quarter of the stall timeout at the server's measured speed (chunks then only
-#: prove the stream is alive: budgets are kept by reservations, stops by aborts): at least this many
-#: tokens, and at most ``max_new_tokens`` (``workers/stream_pacing.py``).
+#: chunk comes about every quarter of the stall timeout at the speed a stream is expected to reach on the
+#: server, given the streams this process has there (chunks then only prove the stream is alive:
+#: budgets are kept by reservations, stops by aborts): at least this many tokens, and at most
+#: ``max_new_tokens`` (``workers/stream_pacing.py``).
 STREAM_INTERVAL_MIN: Final = 64
 #: Which replies of a chat record are generated: "last" or "all" (docs/eagle3.md).
 REGENERATE: Final = "last"

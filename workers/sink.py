@@ -1,14 +1,14 @@
 """Output files: one append-only JSONL part file per worker process and dataset.
 
-A record is written with one ``os.write`` of a whole line to an ``O_APPEND`` file, so it reaches the kernel
-before the ledger commit (a killed process loses nothing it acknowledged); with ``fsync = "always"`` it also
+A record is written as a whole line to an ``O_APPEND`` file (the lines of threads recording at once go out
+in one ``os.write``: group commit, see ``OutputSink``), so it reaches the kernel before the ledger commit (a killed process loses nothing it acknowledged); with ``fsync = "always"`` it also
 reaches the disk first (a host crash loses nothing it acknowledged). Each process writes its own file, so
 no two writers ever share one. Export and reconcile skip a torn last line.
 
 A write that fails (a full disk, a read-only or vanished folder, a quota, an I/O error) leaves the file as
-it was: the part of the line that was written is cut off again (``ftruncate`` to the last whole record),
+it was: the part of the lines that was written is cut off again (``ftruncate`` to the last whole record),
 so a record is whole on disk or absent, and the next one never lands on a torn fragment. The caller gets
-``OutputUnwritable`` and must not count the record.
+``OutputUnwritable`` (every caller whose line was in the failed write) and must not count the record.
 """
 
 from __future__ import annotations
