@@ -12,7 +12,14 @@ import redis
 
 from budget.server_board import ServerLedger, ServerOutcome
 from tokenfleet.sim import SimConfig, SimServerThread
-from workers.server_picker import WAIT_IDLE_MAX_S, WAIT_MAX_S, ServerPicker, caps_for
+from workers.server_picker import (
+    CANCEL_CHECK_S,
+    WAIT_IDLE_MAX_S,
+    WAIT_MAX_S,
+    ServerPicker,
+    SlotWaitCancelled,
+    caps_for,
+)
 from workers.sglang.client import ServerUnavailable
 
 pytestmark = pytest.mark.redis
@@ -138,6 +145,43 @@ def test_a_picker_waits_while_every_server_is_at_its_cap_without_spinning_redis(
     # to WAIT_IDLE_MAX_S while they find none
     assert 0.9 < waited_s < 1.0 + WAIT_IDLE_MAX_S + 0.1
     assert 1 <= calls <= 8, f"{calls} picks in one second of waiting"
+
+
+def test_a_slot_wait_ends_within_the_cancel_check_once_its_generation_is_stopped_without_more_picks(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    picker = make_picker()
+    original = picker.board.acquire_many
+    calls = 0
+
+    def counting_acquire(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    picker.board.acquire_many = counting_acquire  # type: ignore[method-assign,assignment]
+    holder = make_picker()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with holder.use([A], caps=1):
+            holding.set()
+            release.wait()
+
+    threading.Thread(target=hold, daemon=True).start()
+    holding.wait()
+    stopped = threading.Event()
+    threading.Timer(1.0, stopped.set).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(SlotWaitCancelled), picker.use([A], caps=1, cancelled=stopped.is_set):
+            pass
+        late_s = time.monotonic() - started - 1.0
+    finally:
+        release.set()
+    assert late_s < CANCEL_CHECK_S + 0.1, f"the wait ended {late_s:.3f} s after the stop"
+    # the checks for stops cost no picks: the asks still back off to WAIT_IDLE_MAX_S
+    assert 1 <= calls <= 6, f"{calls} picks in about a second of waiting"
 
 
 def test_a_slot_given_back_in_the_same_process_wakes_a_waiting_thread_at_once(
