@@ -1,9 +1,10 @@
 """Output files: one append-only JSONL part file per worker process and dataset.
 
 A record is written as a whole line to an ``O_APPEND`` file (the lines of threads recording at once go out
-in one ``os.write``: group commit, see ``OutputSink``), so it reaches the kernel before the ledger commit (a killed process loses nothing it acknowledged); with ``fsync = "always"`` it also
-reaches the disk first (a host crash loses nothing it acknowledged). Each process writes its own file, so
-no two writers ever share one. Export and reconcile skip a torn last line.
+in one ``os.write``: group commit, see ``OutputSink``), so it reaches the kernel before the ledger commit (a
+killed process loses nothing it acknowledged); with ``fsync = "always"`` it also reaches the disk first (a
+host crash loses nothing it acknowledged). Each process writes its own file, so no two writers ever share
+one. Export and reconcile skip a torn last line.
 
 A write that fails (a full disk, a read-only or vanished folder, a quota, an I/O error) leaves the file as
 it was: the part of the lines that was written is cut off again (``ftruncate`` to the last whole record),
