@@ -150,15 +150,28 @@ def test_raising_the_budget_of_an_exhausted_dataset_makes_a_running_submit_feed_
         ],
     )
     run = BackgroundSubmit(config, "--window", "16")
+    # The companion keeps the submit running: paused (never settled) until the raised budget is spent.
+    # (Left to run, it could finish before the small budget's tail did, and the submit with it.)
+    wait_until(lambda: companion in fleet_ledger.datasets(), what="the companion registered")
+    assert main(["pause", companion, "--redis-url", fleet_redis_url]) == 0
     wait_until(lambda: small in fleet_ledger.datasets() and fleet_ledger.snapshot(small).state == "exhausted")
     exhausted_at = fleet_ledger.snapshot(small).samples
+    assert run.thread.is_alive()
 
     assert main(["budget", small, "3000", "--redis-url", fleet_redis_url]) == 0
+    wait_until(
+        lambda: (
+            fleet_ledger.snapshot(small).state == "exhausted" and fleet_ledger.snapshot(small).tokens >= 3000
+        ),
+        what="the raised budget spent by the running submit",
+    )
+    assert main(["resume", companion, "--redis-url", fleet_redis_url]) == 0
     assert run.wait() == 0
 
     snap = fleet_ledger.snapshot(small)
     assert snap.state == "exhausted" and snap.token_budget == 3000
     assert snap.tokens >= 3000 and snap.samples > exhausted_at
+    assert fleet_ledger.snapshot(companion).samples == 400
 
 
 def test_revoke_stops_the_datasets_generation_within_2_seconds_and_the_others_go_on(
