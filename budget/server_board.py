@@ -153,19 +153,27 @@ class ServerLedger:
         return self.acquire_many(servers, caps, [token], lease_ms, avoid=avoid, first=first)[0]
 
     @_translate_errors
-    def release_many(self, url: str, tokens: Sequence[str], handed_over: int = 0) -> int:
+    def release_many(
+        self, url: str, tokens: Sequence[str], handed_over: int = 0, unused: Sequence[str] = ()
+    ) -> int:
         """Give back the slots ``tokens`` on ``url`` and count the finished requests, with ``handed_over``
         slots a worker passed from an ended generation straight to a waiting one (each a request finished
-        and one started); returns the Redis time (ms) of the release, which orders these generations'
-        outcome reports. One script call."""
+        and one started), and the slots ``unused``, taken but never used (their start is taken back);
+        returns the Redis time (ms) of the release, which orders these generations' outcome reports. One
+        script call."""
         k = server_keys(url)
         keys = server_script_keys("server_release", k)
-        _held, now_ms = self._run("server_release", keys, [RATE_WINDOW_S, handed_over, *tokens])
+        args = [RATE_WINDOW_S, handed_over, len(unused), *unused, *tokens]
+        _held, now_ms = self._run("server_release", keys, args)
         return int(now_ms)
 
     def release(self, url: str, token: str) -> int:
         """``release_many`` for one slot."""
         return self.release_many(url, [token])
+
+    def release_unused(self, url: str, token: str) -> None:
+        """Give back a slot taken but never used: no request counts as started or finished on it."""
+        self.release_many(url, [], unused=[token])
 
     @_translate_errors
     def renew(self, slots: Sequence[tuple[str, str]], lease_ms: int) -> list[bool]:

@@ -295,7 +295,7 @@ class ServerPicker:
                         w.done.set()
                 for url, token in stray:
                     with contextlib.suppress(LedgerError):
-                        self.board.release(url, token)
+                        self.board.release_unused(url, token)
                 if len(waiters) > PICKS_PER_CALL and all(a.url is not None for a in got):
                     self._wake.set()  # every one offered got a slot: offer the next ones at once
             # Waiting for slots given back elsewhere (this process hands its own over): ask less often

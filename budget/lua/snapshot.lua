@@ -3,8 +3,8 @@
 -- ARGV: rate window in seconds
 -- Returns a flat list: the ledger hash's field/value pairs, then "done", n, "failed", n, "queued", n,
 -- "inflight", n (leases not yet expired), "pending", n (given back, or expired leases), then
--- "rate_tokens", tokens generated in the window, "rate_samples", samples committed in it, "rate_span_s",
--- the seconds the window covers, then "lengths", the lengths histogram as a flat list (bucket, samples,
+-- "rate_tokens", tokens generated in the window, "rate_samples", samples committed in it, "rate_span_ms",
+-- the milliseconds the window covers (from its oldest second's start to now, at least 1000), then "lengths", the lengths histogram as a flat list (bucket, samples,
 -- ...: budget/lengths.py). Empty when the dataset is unknown.
 local out = redis.call('HGETALL', ledger)
 if #out == 0 then return out end
@@ -21,7 +21,10 @@ local window = tonumber(ARGV[1]) or 30
 local sec = math.floor(now / 1000)
 local tokens_in_window, span = rate_sum(rate_tokens, window, sec)
 local samples_in_window = rate_sum(rate_samples, window, sec)
-for _, v in ipairs({'rate_tokens', tokens_in_window, 'rate_samples', samples_in_window, 'rate_span_s', span}) do
+-- The current second has run only now % 1000 ms: counted whole, it made a rate read early in a second up
+-- to a second's worth too low (a third, over a 3 s span).
+local span_ms = math.max(1000, span * 1000 - (1000 - now % 1000))
+for _, v in ipairs({'rate_tokens', tokens_in_window, 'rate_samples', samples_in_window, 'rate_span_ms', span_ms}) do
   extra[#extra + 1] = v
 end
 for _, v in ipairs(extra) do out[#out + 1] = v end

@@ -463,12 +463,11 @@ def assert_rates(ledger: Ledger, redis_client: redis.Redis, tokens: int, samples
     t0 = server_s(redis_client)
     snap = ledger.snapshot(DS)
     t1 = server_s(redis_client)
-    spans = {t - min(tokens_ring) + 1 for t in range(t0, t1 + 1)}
-    assert all(1 <= s <= 3 for s in spans)  # the run took a second or two
-    span = round(tokens / snap.tokens_per_s)
-    assert span in spans
-    assert snap.tokens_per_s * span == pytest.approx(tokens)
-    assert snap.samples_per_s * span == pytest.approx(samples)
+    assert t1 - min(tokens_ring) + 1 <= 3  # the run took a second or two
+    # the window runs from the start of its oldest second to the moment of the read (at least 1 s)
+    span_s = tokens / snap.tokens_per_s
+    assert max(1.0, t0 - min(tokens_ring)) <= span_s <= t1 - min(tokens_ring) + 1
+    assert snap.samples_per_s * span_s == pytest.approx(samples)
     return snap.tokens_per_s, snap.samples_per_s
 
 

@@ -166,6 +166,19 @@ def test_release_gives_the_slot_back_and_counts_the_request_in_the_rate(board: S
     assert all(before <= e <= redis_ms(board.client) for e in ended)
 
 
+def test_a_slot_given_back_unused_takes_its_start_back_and_counts_no_request(board: ServerLedger) -> None:
+    for i in range(3):
+        board.acquire([A], [None], f"t{i}", LEASE_MS)
+    board.release(A, "t0")
+    board.release_unused(A, "t1")
+    board.release_many(A, [], handed_over=2)
+
+    status = board.status([A])[0]
+    assert status.inflight == 1  # t2
+    assert status.started == 3 - 1 + 2  # three taken, one of them unused, two handed over
+    assert status.requests_per_s == (1 + 2) / RATE_WINDOW_S
+
+
 def test_renewing_keeps_a_slot_past_its_lease_and_a_dropped_slot_is_not_taken_again(
     board: ServerLedger,
 ) -> None:
