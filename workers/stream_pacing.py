@@ -55,7 +55,6 @@ class _Server:
 class PacedStream:
     """One request's pacing: the interval asked for, and what the stream has shown so far."""
 
-    server: str
     interval: int
     load: int  # this process's streams on the server when it started, itself included
     started: float
@@ -85,7 +84,7 @@ class StreamPacer:
         else:
             tokens = int(expected * stall_timeout_s * STALL_SHARE)
             interval = max(STREAM_INTERVAL_MIN, min(tokens, max_new_tokens or tokens))
-        return PacedStream(server, interval, load, now, s)
+        return PacedStream(interval, load, now, s)
 
     def heard(self, paced: PacedStream) -> None:
         """A chunk came on ``paced``: its server is alive. No lock (one store, on every chunk of every
@@ -133,7 +132,8 @@ class StreamPacer:
             s = paced.figures
             speed = max(tokens, 1) / seconds
             s.speed = min(s.speed, speed) if s.speed else speed
-            s.throughput = min(s.throughput, speed * max(1, s.load)) if s.throughput else speed * s.load
+            throughput = speed * s.load  # itself still counted: it closes after this
+            s.throughput = min(s.throughput, throughput) if s.throughput else throughput
             return now - s.heard < stall_timeout_s / 2
 
     def close(self, paced: PacedStream) -> None:

@@ -4,8 +4,9 @@
 -- Returns a flat list: the ledger hash's field/value pairs, then "done", n, "failed", n, "queued", n,
 -- "inflight", n (leases not yet expired), "pending", n (given back, or expired leases), then
 -- "rate_tokens", tokens generated in the window, "rate_samples", samples committed in it, "rate_span_ms",
--- the milliseconds the window covers (from its oldest second's start to now, at least 1000), then "lengths", the lengths histogram as a flat list (bucket, samples,
--- ...: budget/lengths.py). Empty when the dataset is unknown.
+-- the milliseconds the window covers (from its oldest second's start to now, at least 1000), then
+-- "lengths", the lengths histogram as a flat list (bucket, samples, ...: budget/lengths.py). Empty when
+-- the dataset is unknown.
 local out = redis.call('HGETALL', ledger)
 if #out == 0 then return out end
 local now = now_ms()
