@@ -176,6 +176,12 @@ class ServerLedger:
         self.release_many(url, [], unused=[token])
 
     @_translate_errors
+    def now_ms(self) -> int:
+        """Redis's clock (ms): the clock outcome reports are ordered by."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    @_translate_errors
     def renew(self, slots: Sequence[tuple[str, str]], lease_ms: int) -> list[bool]:
         """Renew each ``(url, token)`` slot; False for a slot that was dropped (it expired)."""
         if not slots:

@@ -32,7 +32,6 @@ from workers.sglang.client import (
     Generation,
     ProtocolError,
     RequestRejected,
-    ServerBusy,
     ServerStalled,
     ServerUnavailable,
     SGLangClient,
@@ -309,15 +308,12 @@ class SampleRunner:
             generate = self.client.generate
             if conversation is not None:
                 generate = conversation.generator(self.client, keep_turn)
-            # A busy server (it shed the request) is avoided for this retry but not counted as failing.
-            failure = None if isinstance(last_error, ServerBusy) else last_error
             # Tracked from before it waits for a server slot: a stop meanwhile means it is never sent.
             with self.inflight.track(a.dataset, new_rid(a.dataset), "") as request:
                 try:
                     with self.picker.use(
                         spec.servers,
                         avoid=last_server,
-                        failure=failure,
                         caps=spec.max_inflight_per_server,
                         cancelled=lambda: request.handle.requested,
                     ) as server:
@@ -361,10 +357,12 @@ class SampleRunner:
                                     f"the interval of {paced.interval} tokens was too long for its speed",
                                     server=server,
                                 )
+                            self.picker.failed(server, last_error)
                             log.warning("%s/%s attempt %d: %s", a.dataset, a.sid, try_no, last_error)
                             continue
                         except ServerUnavailable as e:
                             last_error, last_server = e, server
+                            self.picker.failed(server, e)
                             log.warning("%s/%s attempt %d: %s", a.dataset, a.sid, try_no, e)
                             continue
                         finally:
@@ -386,12 +384,9 @@ class SampleRunner:
                     f"{redact_url(server)}: aborted by the server: {gen.finish_reason}"
                 )
                 last_server = server
+                self.picker.failed(server, last_error)
                 continue
             return self._record(a, gen, truncated=self._cut_by_reservation(a, gen))
-        if last_server is not None:
-            # the last attempt's failure: told to the server's health now (the block it ran in ended
-            # without an exception, which would read as an answer at this thread's next generation)
-            self.picker.settle(last_server, None if isinstance(last_error, ServerBusy) else last_error)
         reason = f"gave up after {spec.max_attempts} attempts: {last_error.message if last_error else '?'}"
         return self._give_up(a, reason)
 

@@ -7,10 +7,12 @@ is a lease, renewed here while its generation runs, so a killed worker's slots e
 is at its cap the generation waits, asking again with a bounded backoff (at once when a thread of this
 process gives a slot back).
 
-Health. The runner retries a generation that failed on the server's side (transport error, 5xx, dropped
-stream, an abort we did not ask for) on another server, and names the failed one (``avoid``, ``failure``):
-that is how the picker learns of a failure. A generation whose thread starts the next one without naming
-it was answered. ``DEFAULT_FAIL_THRESHOLD`` failures in a row mark a server down: no generation goes there
+Health. The runner tells the picker at once of a generation that failed on the server's side (transport
+error, 5xx, dropped stream, an abort we did not ask for: ``failed``), so a dead server is marked down
+within milliseconds, before more generations are sent there and fail too; the retry then ``avoid``s it. A
+generation ended without such a call was answered (told only where it changes something: a server down
+or failing, at the thread's next generation). ``DEFAULT_FAIL_THRESHOLD`` failures in a row mark a server
+down: no generation goes there
 while another server is up (when none is, the down ones are still tried: a single server is never given
 up on). Every worker's picker probes the down servers' ``/health``, one probe per server and interval
 fleet-wide, and marks a server up again when it answers 200.
@@ -37,7 +39,7 @@ import redis
 from budget import LedgerError
 from budget.server_board import Acquired, ServerLedger, ServerOutcome
 from workers.batching import CallBatcher
-from workers.sglang.client import ServerStalled
+from workers.sglang.client import ServerBusy, ServerStalled
 from workers.sglang.protocol import HEALTH_PATH
 from workers.sglang.wire import tls_context
 
@@ -127,6 +129,9 @@ class ServerPicker:
         self._dirty: set[str] = set()  # down, or failing in a row, at the last pick
         self._probing: set[str] = set()
         self._local = threading.local()  # .pending: (server, ended_ms) of this thread's last generation
+        # Redis's clock minus this host's (ms), as last seen: ends of generations that make no Redis call
+        # (a slot handed over) are told in Redis time, the clock their outcome reports are ordered by.
+        self._clock_offset_ms: float | None = None
         # Generations waiting for a slot, in the order they asked; the picks thread serves them.
         self._waiting: list[_Waiter] = []
         self._wake = threading.Event()  # set when a generation asks, or this process gives a slot back
@@ -144,17 +149,17 @@ class ServerPicker:
         self,
         servers: Sequence[str],
         avoid: str | None = None,
-        failure: BaseException | None = None,
         caps: Caps = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[str]:
         """Hold a slot on the least-loaded of ``servers`` (below its cap; waits while all are at theirs).
 
-        ``avoid``: the server this sample's previous attempt failed on (with ``failure``), used only when
-        no other server is a candidate. ``caps``: see ``Caps``. ``cancelled``: while waiting for a slot,
-        raise ``SlotWaitCancelled`` once it says so (the dataset was stopped meanwhile).
+        ``avoid``: the server this sample's previous attempt failed on, used only when no other server is
+        a candidate. ``caps``: see ``Caps``. ``cancelled``: while waiting for a slot, raise
+        ``SlotWaitCancelled`` once it says so (the dataset was stopped meanwhile).
         """
-        self._settle_previous(avoid, failure)
+        self._settle_previous()
+        self._local.failed_on = None
         token = f"{self._holder}:{uuid.uuid4().hex[:16]}"
         server, token = self._acquire(list(servers), caps_for(servers, caps), token, avoid, cancelled)
         answered = False
@@ -162,8 +167,12 @@ class ServerPicker:
             yield server
             answered = True  # an exception out of the block tells nothing about the server
         finally:
-            ended_ms = 0
-            if not (answered and self._hand_over(server, token)):
+            # When it ended, in Redis time: a success reported later (at this thread's next use) must not
+            # pass for one after failures that came between, nor mark up a server that died since.
+            ended_ms = self._redis_now_ms()
+            failed = getattr(self._local, "failed_on", None) == server
+            # a failed generation's slot is not handed over: the waiting one would likely fail there too
+            if not (answered and not failed and self._hand_over(server, token)):
                 with self._lock:
                     self._held.pop(token, None)
                     # the process's last slot: the handed-over ones are counted now, before this
@@ -176,7 +185,7 @@ class ServerPicker:
                 except LedgerError as e:  # the slot expires on its own
                     log.warning("could not give back a slot on %s: %s", server, e)
                 self._wake.set()  # a waiting generation may take the slot
-            self._local.pending = (server, ended_ms) if answered else None
+            self._local.pending = (server, ended_ms) if answered and not failed else None
 
     def _hand_over(self, server: str, token: str) -> bool:
         """Pass the slot of a generation that ended to the oldest generation of this process waiting for
@@ -195,6 +204,18 @@ class ServerPicker:
                     w.done.set()
                     return True
         return False
+
+    def _redis_now_ms(self) -> int:
+        """Redis's clock now, from this host's and the offset last seen (one ``TIME`` the first time)."""
+        if self._clock_offset_ms is None:
+            try:
+                self._note_redis_time(self.board.now_ms())
+            except LedgerError:
+                return int(time.time() * 1000)
+        return int(time.time() * 1000 + (self._clock_offset_ms or 0.0))
+
+    def _note_redis_time(self, redis_ms: int) -> None:
+        self._clock_offset_ms = redis_ms - time.time() * 1000
 
     def _idle_with_uncounted(self) -> bool:
         """Whether nothing runs or waits here and handed-over slots are still to be counted (their counts
@@ -316,6 +337,7 @@ class ServerPicker:
 
     def _release_batch(self, server: str, tokens: Sequence[str]) -> list[int]:
         ended_ms = self.board.release_many(server, tokens)
+        self._note_redis_time(ended_ms)
         return [ended_ms] * len(tokens)
 
     def _pick_batch(self, key: PickKey, tokens: Sequence[str]) -> list[Acquired]:
@@ -324,22 +346,26 @@ class ServerPicker:
             servers, caps, tokens, self._lease_ms, avoid=avoid, first=random.randrange(len(servers))
         )
 
-    def settle(self, server: str, failure: BaseException | None) -> None:
-        """This thread's last generation on ``server`` failed with ``failure`` and no retry follows (the
-        task gave up): its server's health hears it now, not as a success at the thread's next use."""
-        self._settle_previous(server, failure)
+    def failed(self, server: str, failure: BaseException) -> None:
+        """This thread's generation on ``server`` (in the ``use`` block, or the one that just ended) failed
+        on the server's side: its health hears it now. A ``ServerBusy`` (the server shed the request, or
+        our stream interval was too long for its speed) says nothing against the server."""
+        if isinstance(failure, ServerBusy):
+            return
+        self._local.failed_on = server
+        self._local.pending = None
+        with self._lock:
+            self._dirty.add(server)  # no slot of it is handed over until a pick says it is well
+        # A stalled server (silent past the stall timeout) is suspect at once: a wedged engine would
+        # otherwise take a slot per generation for minutes, three times over.
+        threshold = 1 if isinstance(failure, ServerStalled) else None
+        self._report(server, ServerOutcome.FAIL, self._redis_now_ms(), str(failure), threshold)
 
-    def _settle_previous(self, avoid: str | None, failure: BaseException | None) -> None:
-        """Report how this thread's previous generation went, now that its outcome is known."""
+    def _settle_previous(self) -> None:
+        """Report that this thread's previous generation was answered, where that changes something."""
         pending: tuple[str, int] | None = getattr(self._local, "pending", None)
         self._local.pending = None
-        ended_ms = pending[1] if pending is not None and pending[0] == avoid else 0
-        if avoid is not None and failure is not None:
-            # A stalled server (silent past the stall timeout) is suspect at once: a wedged engine would
-            # otherwise take a slot per generation for minutes, three times over.
-            threshold = 1 if isinstance(failure, ServerStalled) else None
-            self._report(avoid, ServerOutcome.FAIL, ended_ms, str(failure), threshold)
-        elif pending is not None:
+        if pending is not None:
             with self._lock:
                 # A success changes something only where failures were counted or the server is down.
                 worth_it = pending[0] in self._dirty

@@ -6,9 +6,9 @@
 --                         an abort we did not ask for): the runner retried it elsewhere
 --             probe_ok    GET /health answered 200
 --             probe_fail  GET /health did not
---   at_ms     when the generation ended (Redis time, from server_release); 0 = now. Reports arrive late
---             and out of order (a failure is known when its retry starts), so the streak is ordered by
---             this time: a failure older than the latest success is not part of the current streak.
+--   at_ms     when the generation ended (Redis time); 0 = now. Reports arrive late and out of order
+--             (a success is told at its thread's next generation), so the streak is ordered by this
+--             time: a failure older than the latest success is not part of the current streak.
 --   fail_threshold     failures in a row that mark the server down
 --   probe_interval_ms  once down, the first probe waits this long (then one probe per interval)
 -- Returns {state, changed, fails}: state up | down after the report, changed 1 when this report marked it

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from budget.server_board import ServerLedger, ServerOutcome
+from tests.support.fleet import wait_until
 from tokenfleet.sim import SimConfig, SimServerThread
 from workers.server_picker import (
     CANCEL_CHECK_S,
@@ -20,7 +21,7 @@ from workers.server_picker import (
     SlotWaitCancelled,
     caps_for,
 )
-from workers.sglang.client import ServerUnavailable
+from workers.sglang.client import ServerBusy, ServerUnavailable
 
 pytestmark = pytest.mark.redis
 
@@ -211,10 +212,10 @@ def test_failures_named_by_retries_mark_a_server_down_and_new_work_goes_to_the_o
     picker = make_picker()
     error = ServerUnavailable("HTTP 503: busy", server=B, status=503)
 
-    for _ in range(3):  # what the runner does: an attempt on B fails, its retry names B
+    for _ in range(3):  # what the runner does: an attempt on B fails, its retry avoids B
         with picker.use([B]):
-            pass
-        with picker.use([A, B], avoid=B, failure=error) as retried_on:
+            picker.failed(B, error)
+        with picker.use([A, B], avoid=B) as retried_on:
             assert retried_on == A
 
     status = {s.url: s for s in picker.board.status([A, B])}
@@ -230,8 +231,8 @@ def test_a_success_between_failures_resets_the_streak(make_picker: Callable[[], 
     error = ServerUnavailable("connection refused", server=B)
     for _ in range(2):
         with picker.use([B]):
-            pass
-        with picker.use([A, B], avoid=B, failure=error):
+            picker.failed(B, error)
+        with picker.use([A, B], avoid=B):
             pass
     with picker.use([B]):
         pass  # answered: the thread's next generation names nobody
@@ -241,20 +242,95 @@ def test_a_success_between_failures_resets_the_streak(make_picker: Callable[[], 
     assert picker.board.status([B])[0].fails_in_a_row == 0
 
 
-def test_a_failed_last_attempt_settled_at_give_up_counts_as_a_failure_not_a_later_success(
+def test_a_failure_is_told_at_once_and_not_later_as_a_success(
     make_picker: Callable[[], ServerPicker],
 ) -> None:
     picker = make_picker()
-    error = ServerUnavailable("HTTP 503: busy", server=B, status=503)
-    for _ in range(2):  # two tasks whose only attempt failed on B, then gave up
+    error = ServerUnavailable("HTTP 503: down", server=B, status=503)
+    for expected in (1, 2):  # two tasks whose only attempt failed on B, then gave up
         with picker.use([B]):
-            pass
-        picker.settle(B, error)
+            picker.failed(B, error)
+        assert picker.board.status([B])[0].fails_in_a_row == expected  # before any retry asks
     with picker.use([A]):
         pass  # the thread's next generation, elsewhere: it says nothing about B
 
     status = picker.board.status([B])[0]
-    assert status.fails_in_a_row == 2 and status.last_error == "HTTP 503: busy"
+    assert status.fails_in_a_row == 2 and status.last_error == "HTTP 503: down"
+
+
+def test_a_failed_generation_does_not_hand_its_slot_to_a_waiting_one_and_a_busy_one_is_not_counted(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    picker = make_picker()
+    holding, end_hold = threading.Event(), threading.Event()
+    picked: list[str] = []
+
+    def failing_generation() -> None:
+        with picker.use([A, B], caps=1) as server:
+            holding.set()
+            end_hold.wait()
+            picker.failed(server, ServerUnavailable("connection refused", server=server))
+
+    def waiting_generation() -> None:
+        with picker.use([B], caps=1) as server:
+            picked.append(server)
+
+    with picker.use([A], caps=1):  # A is full: the failing generation runs on B
+        threads = [threading.Thread(target=failing_generation), threading.Thread(target=waiting_generation)]
+        threads[0].start()
+        holding.wait()
+        threads[1].start()
+        wait_until(lambda: len(picker._waiting) == 1, 5, "the second generation to wait for B")
+        picks = count_picks(picker)
+        end_hold.set()
+        threads[1].join(5)
+        threads[0].join(5)
+    # the waiting generation got B from a pick in Redis, not from the failed generation's hands
+    assert picked == [B] and picks[0] >= 1
+    with picker.use([B]):
+        picker.failed(B, ServerBusy("HTTP 503: queue full", server=B, status=503))
+    assert picker.board.status([B])[0].fails_in_a_row == 1
+
+
+def test_a_success_handed_over_before_a_server_went_down_does_not_mark_it_up_when_reported_after(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    """A generation that ends and hands its slot to a waiting one makes no Redis call; its success is
+    reported at its thread's next use, after the server may have died. It is ordered by when it ended."""
+    picker = make_picker()
+    holding, end_hold, reported = threading.Event(), threading.Event(), threading.Event()
+    next_use = threading.Event()
+
+    def first_generation() -> None:
+        with picker.use([B], caps=1):
+            holding.set()
+            end_hold.wait()
+        next_use.wait()
+        with picker.use([A]):  # its next generation: the success on B is reported now
+            reported.set()
+
+    def waiting_generation() -> None:
+        with picker.use([B], caps=1):
+            pass
+
+    threads = [threading.Thread(target=first_generation), threading.Thread(target=waiting_generation)]
+    threads[0].start()
+    holding.wait()
+    threads[1].start()
+    wait_until(lambda: len(picker._waiting) == 1, 5, "the second generation to wait for the slot")
+    end_hold.set()  # the slot goes straight to the waiting generation
+    threads[1].join(5)
+    assert picker.board.status([B])[0].requests_per_s > 0  # both ran on B
+
+    time.sleep(0.01)  # then B dies: its failures come after that success
+    picker.board.report(B, ServerOutcome.FAIL, fail_threshold=1, probe_interval_ms=60_000, message="refused")
+    with picker.use([A, B]) as server:  # a pick that sees B down
+        assert server == A
+    next_use.set()
+    assert reported.wait(5)
+    threads[0].join(5)
+
+    assert not picker.board.status([B])[0].up
 
 
 @pytest.fixture
