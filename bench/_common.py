@@ -7,6 +7,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -55,6 +56,58 @@ def sim_process(**flags: Any) -> Iterator[str]:
 def sim_stats(url: str) -> dict[str, Any]:
     data: dict[str, Any] = httpx.get(url + "/sim/stats", timeout=10).json()
     return data
+
+
+class TokenTimeline:
+    """The simulator's generated-token count, read every ``every_s`` while a run goes on: the same
+    instrument for both sides of a paired run, so their start, steady rate and end compare fairly."""
+
+    def __init__(self, url: str, every_s: float = 0.1) -> None:
+        self.url = url
+        self.every_s = every_s
+        self.points: list[tuple[float, int]] = []  # (monotonic time, tokens generated so far)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TokenTimeline:
+        self.started = time.monotonic()
+        self._base = int(sim_stats(self.url)["generated_tokens"])
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ended = time.monotonic()
+        self._stop.set()
+        self._thread.join()
+        self.points.append((self.ended, int(sim_stats(self.url)["generated_tokens"]) - self._base))
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.wait(self.every_s):
+                tokens = int(client.get(self.url + "/sim/stats").json()["generated_tokens"])
+                self.points.append((time.monotonic(), tokens - self._base))
+
+    def _crossing(self, tokens: float) -> float:
+        """When the count first reached ``tokens`` (linear between readings)."""
+        before = (self.started, 0)
+        for t, n in self.points:
+            if n >= tokens:
+                t0, n0 = before
+                return t0 + (t - t0) * ((tokens - n0) / (n - n0) if n > n0 else 1.0)
+            before = (t, n)
+        return self.ended
+
+    def figures(self) -> dict[str, float]:
+        """``first_token_s``: from the start until the server produced; ``after_last_s``: from its last
+        token until the run ended; ``steady_tps``: the rate between 10% and 90% of the run's tokens."""
+        total = self.points[-1][1] if self.points else 0
+        last = next((t for t, n in self.points if n >= total), self.ended)
+        t10, t90 = self._crossing(0.1 * total), self._crossing(0.9 * total)
+        return {
+            "first_token_s": self._crossing(1) - self.started,
+            "after_last_s": self.ended - last,
+            "steady_tps": 0.8 * total / (t90 - t10) if t90 > t10 else float("nan"),
+        }
 
 
 @contextmanager

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
     CpuMeter,
+    TokenTimeline,
     child_pids,
     machine,
     median,
@@ -509,20 +510,27 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                 sim_process(step_time_s=args.step_time_s, max_running_requests=inflight, **w["sim"]) as url,
                 workers(redis_url, 1, None, Path(tmp) / "logs"),
             ):
-                ratios, a_tps, f_tps, extra_s = [], [], [], []
+                ratios, a_tps, f_tps, extra_s, steady, starts, ends = [], [], [], [], [], [], []
                 for i in range(args.repeats):
                     rows_in = prompts(n, seed=500 + i)
-                    a = asyncio.run(
-                        anchor(url, rows_in, inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl")
-                    )
-                    _, f = run_fleet(url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}")
+                    with TokenTimeline(url) as a_line:
+                        a = asyncio.run(
+                            anchor(url, rows_in, inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl")
+                        )
+                    with TokenTimeline(url) as f_line:
+                        _, f = run_fleet(url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}")
                     fleet_tps = f["tokens"] / f["elapsed_s"]
+                    a_fig, f_fig = a_line.figures(), f_line.figures()
                     extra_s.append(f["elapsed_s"] - a["elapsed_s"])
                     a_tps.append(a["tokens_per_s"])
                     f_tps.append(fleet_tps)
                     ratios.append(fleet_tps / a["tokens_per_s"])
+                    steady.append(f_fig["steady_tps"] / a_fig["steady_tps"])
+                    starts.append(f_fig["first_token_s"] - a_fig["first_token_s"])
+                    ends.append(f_fig["after_last_s"] - a_fig["after_last_s"])
                     print(
-                        f"  defaults {workload} {inflight}: {fleet_tps / a['tokens_per_s']:.3f}",
+                        f"  defaults {workload} {inflight}: {ratios[-1]:.3f} (steady {steady[-1]:.3f}; "
+                        f"start {starts[-1]:+.2f} s, end {ends[-1]:+.2f} s)",
                         file=sys.stderr,
                     )
                 rows.append(
@@ -532,10 +540,18 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                         f"{median(a_tps):,.0f}",
                         f"{median(f_tps):,.0f}",
                         f"{median(extra_s):+.1f} s",
+                        f"{median(starts):+.2f} s",
+                        f"{median(ends):+.2f} s",
+                        f"{median(steady):.3f}",
                         f"{median(ratios):.3f}",
                     ]
                 )
-    print(f"\ndefaults: one `tokenfleet worker` with no options, medians of {args.repeats} paired runs\n")
+    print(
+        f"\ndefaults: one `tokenfleet worker` with no options, medians of {args.repeats} paired runs. The "
+        "simulator's token count, read every 0.1 s during each side's run, gives its first token (from the "
+        "run's start), its end (from the last token to the run's end: submit's settle) and the steady "
+        "rate (between 10% and 90% of the run's tokens); fleet minus plain client, and fleet / plain\n"
+    )
     return [
         print_table(
             [
@@ -544,6 +560,9 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                 "plain client tok/s",
                 "fleet tok/s",
                 "fleet run - plain run",
+                "first token",
+                "end",
+                "steady ratio",
                 "ratio (goal >= 0.95)",
             ],
             rows,
