@@ -520,7 +520,8 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                     with TokenTimeline(url) as f_line:
                         _, f = run_fleet(url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}")
                     fleet_tps = f["tokens"] / f["elapsed_s"]
-                    a_fig, f_fig = a_line.figures(), f_line.figures()
+                    # the plain client's run starts once its clients are made (its tok/s excludes that)
+                    a_fig, f_fig = a_line.figures(started=a["started_at"]), f_line.figures()
                     extra_s.append(f["elapsed_s"] - a["elapsed_s"])
                     a_tps.append(a["tokens_per_s"])
                     f_tps.append(fleet_tps)

@@ -103,7 +103,12 @@ async def anchor(
         while not clients.empty():
             await clients.get_nowait().aclose()
     out.write_bytes(b"\n".join(results) + b"\n")
-    return {"tokens_per_s": tokens / elapsed, "requests_per_s": len(rows) / elapsed, "elapsed_s": elapsed}
+    return {
+        "tokens_per_s": tokens / elapsed,
+        "requests_per_s": len(rows) / elapsed,
+        "elapsed_s": elapsed,
+        "started_at": started,  # time.monotonic(), after its clients were made
+    }
 
 
 def fleet(

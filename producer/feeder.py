@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -226,6 +227,13 @@ class Feeder:
             return snap.settled
         return feed.pass_complete and snap.settled
 
+    def expected_end_s(self) -> float:
+        """When the samples queued and in flight should all be done, at the last round's commit rate
+        (infinite while nothing is committing)."""
+        left = sum(s.queued + s.inflight for s in self.last_snapshots)
+        rate = sum(s.samples_per_s for s in self.last_snapshots)
+        return left / rate if rate > 0 else math.inf
+
     def reclaim_expired(self, name: str) -> int:
         """Take back every expired lease of ``name`` now (the script takes at most 256 a call)."""
         total = 0
@@ -371,7 +379,9 @@ class Feeder:
                 continue
             longest = BUDGET_POLL_S if self.budget_waiting else IDLE_POLL_MAX_S
             idle_s = IDLE_POLL_S if self.published != published else min(longest, idle_s * 2)
-            time.sleep(idle_s)
+            # The run ends at the first round after the last commit: near the end, look as often as the
+            # end may come (a second's wait there was most of a short run's cost against a plain client).
+            time.sleep(min(idle_s, max(IDLE_POLL_S, self.expected_end_s() / 2)))
 
     def _housekeeping(self, reclaim: bool, audit_after_ms: int) -> None:
         """Take back expired leases and queued samples whose message was lost (see the ledger scripts)."""
