@@ -108,6 +108,8 @@ class TokenTimeline:
             "first_token_s": self._crossing(1) - (self.started if started is None else started),
             "after_last_s": self.ended - last,
             "steady_tps": 0.8 * total / (t90 - t10) if t90 > t10 else float("nan"),
+            "ramp_s": t10 - (self.started if started is None else started),
+            "tail_s": last - t90,
         }
 
 

