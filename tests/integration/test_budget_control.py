@@ -37,6 +37,12 @@ def slow_sim(sim_factory: Callable[..., Sim]) -> Sim:
     return sim_factory(step_time_s=0.005, output_len_mean=200.0, output_len_sigma=0.6)
 
 
+#: max_new_tokens of the budget runs. A generation reserves this much of the budget (less only for the
+#: last ones), so as the budget runs low fewer run at once: the run's tail is about max_new / mean
+#: generation-lengths long (512 / 200 here).
+BUDGET_RUN_MAX_NEW = 512
+
+
 def budget_run(
     policy: str, fleet_redis_url: str, fleet_ledger: Ledger, sim: Sim, tmp_path: Path, budget: int = 20_000
 ) -> tuple[str, list[dict[str, Any]]]:
@@ -48,7 +54,7 @@ def budget_run(
         datasets=[
             {"name": name, "rows": token_rows(400, seed=5), "token_budget": budget, "on_budget": policy}
         ],
-        sampling={"max_new_tokens": 1024},
+        sampling={"max_new_tokens": BUDGET_RUN_MAX_NEW},
     )
     assert main(["submit", str(config), "--no-server-check", "--window", "32"]) == 0
     return name, export(fleet_ledger, name, tmp_path)
@@ -70,7 +76,8 @@ def test_truncate_spends_the_budget_exactly_and_marks_the_generations_cut_by_the
     assert snap.reserved_tokens == 0 and snap.wasted_tokens == 0
     # The generations cut at the budget ended at their (smaller) reservation, not at max_new_tokens.
     assert truncated and all(
-        r["finish_reason"]["type"] == "length" and r["completion_tokens"] < 1024 for r in truncated
+        r["finish_reason"]["type"] == "length" and r["completion_tokens"] < BUDGET_RUN_MAX_NEW
+        for r in truncated
     )
     assert snap.truncated == len(truncated)
 
@@ -88,7 +95,7 @@ def test_discard_keeps_only_whole_answers_and_never_passes_the_budget(
     # dataset stopped once less than one whole answer's worth of the budget was left.
     assert snap.discarded_tokens == 0 and snap.wasted_tokens == 0
     assert snap.tokens == sum(r["completion_tokens"] for r in records) == generated_for(slow_sim, name)
-    assert 20_000 - 1024 < snap.tokens <= 20_000
+    assert 20_000 - BUDGET_RUN_MAX_NEW < snap.tokens <= 20_000
 
 
 def test_drain_lets_in_flight_generations_finish_with_complete_answers(
