@@ -206,6 +206,54 @@ def test_a_slot_given_back_in_the_same_process_wakes_a_waiting_thread_at_once(
     assert late_s < 0.05, f"the waiter got the slot {late_s:.3f} s after it was given back"
 
 
+def test_slots_another_process_gives_back_one_by_one_are_taken_soon_after_the_first(
+    make_picker: Callable[[], ServerPicker],
+) -> None:
+    """At a dataset's end a process with waiting generations takes the slots other processes give back
+    (they have none waiting): once asking has found one, it asks again within WAIT_GRANTED_S."""
+    holder, taker = make_picker(), make_picker()
+    n, every_s = 30, 0.02  # 50 ends a second, as a busy server's
+    held, end = threading.Barrier(n + 1), threading.Event()
+    go = [threading.Event() for _ in range(n)]
+    released_at: dict[int, float] = {}
+    got_at: list[float] = []
+
+    def hold(i: int) -> None:
+        with holder.use([A], caps=n):
+            held.wait()
+            go[i].wait()
+        released_at[i] = time.monotonic()
+
+    def take() -> None:
+        with taker.use([A], caps=n):
+            got_at.append(time.monotonic())
+            end.wait()
+
+    threads = [threading.Thread(target=hold, args=(i,)) for i in range(n)]
+    threads += [threading.Thread(target=take) for _ in range(n)]
+    for t in threads[:n]:
+        t.start()
+    held.wait()
+    for t in threads[n:]:
+        t.start()
+    wait_until(lambda: len(taker._waiting) == n, 5, "every taker to wait")
+    time.sleep(1.5)  # asking found nothing for a while: the taker asks once a second now
+    go[0].set()
+    wait_until(lambda: len(got_at) == 1, 5, "the first slot taken")  # within a second
+    for i in range(1, n):
+        go[i].set()
+        time.sleep(every_s)
+    wait_until(lambda: len(got_at) == n, 5, "every slot taken")
+    end.set()
+    for t in threads:
+        t.join(5)
+
+    late = sorted(got - released_at[i] for i, got in enumerate(sorted(got_at)) if i > 0)
+    # once the first was found, the next ones are found by asks WAIT_GRANTED_S apart (at WAIT_MAX_S
+    # apart, 0.25 s, half of them waited 0.14 s or more)
+    assert late[len(late) // 2] < 0.08, f"slots taken {[round(x, 2) for x in late]} s after their release"
+
+
 def test_failures_named_by_retries_mark_a_server_down_and_new_work_goes_to_the_others(
     make_picker: Callable[[], ServerPicker],
 ) -> None:
