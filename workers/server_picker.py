@@ -11,11 +11,11 @@ Health. The runner tells the picker at once of a generation that failed on the s
 error, 5xx, dropped stream, an abort we did not ask for: ``failed``), so a dead server is marked down
 within milliseconds, before more generations are sent there and fail too; the retry then ``avoid``s it. A
 generation ended without such a call was answered (told only where it changes something: a server down
-or failing, at the thread's next generation). ``DEFAULT_FAIL_THRESHOLD`` failures in a row mark a server
-down: no generation goes there
-while another server is up (when none is, the down ones are still tried: a single server is never given
-up on). Every worker's picker probes the down servers' ``/health``, one probe per server and interval
-fleet-wide, and marks a server up again when it answers 200.
+or failing, at the thread's next generation, ordered by when it ended). ``DEFAULT_FAIL_THRESHOLD``
+failures in a row mark a server down: no generation goes there while another server is up (when none is,
+the down ones are still tried: a single server is never given up on). Every worker's picker probes the
+down servers' ``/health``, one probe per server and interval fleet-wide, and marks a server up again when
+it answers 200.
 """
 
 from __future__ import annotations
