@@ -307,8 +307,10 @@ def test_a_stopped_server_is_marked_down_its_work_finishes_on_the_other_and_it_i
     assert not status[flaky.url].up and status[flaky.url].downs == 1 and status[flaky.url].failures >= 3
     assert status[steady.url].up
     assert in_flight_at_stop > 0  # there was work to move
-    # failures are told at once: few generations are sent to the dead server before it is marked down
-    assert status[flaky.url].failures <= in_flight_at_stop + 8
+    # Failures are told at once (tests/redis/test_servers_picker.py), so few generations are sent to the
+    # dead server before it is marked down: 10-17 failures in all here. Told only at each retry, after
+    # its backoff, there were 22-53 (and 56-92 with the dead server marked up again).
+    assert status[flaky.url].failures <= in_flight_at_stop + 2 * 8
 
     back = sim_factory(port=port, **knobs)  # the same URL, a fresh server
     back_s = wait_until(lambda: board.status([back.url])[0].up, "the probe to mark the server up", 15)
