@@ -101,14 +101,15 @@ class TokenTimeline:
         """``first_token_s``: from ``started`` (the timeline's start by default) until the server produced;
         ``after_last_s``: from its last token until the run ended; ``steady_tps``: the rate between 10%
         and 90% of the run's tokens."""
+        start = self.started if started is None else started
         total = self.points[-1][1] if self.points else 0
         last = next((t for t, n in self.points if n >= total), self.ended)
         t10, t90 = self._crossing(0.1 * total), self._crossing(0.9 * total)
         return {
-            "first_token_s": self._crossing(1) - (self.started if started is None else started),
+            "first_token_s": self._crossing(1) - start,
             "after_last_s": self.ended - last,
             "steady_tps": 0.8 * total / (t90 - t10) if t90 > t10 else float("nan"),
-            "ramp_s": t10 - (self.started if started is None else started),
+            "ramp_s": t10 - start,
             "tail_s": last - t90,
         }
 

@@ -114,6 +114,11 @@ def with_timeout(picker: ServerPicker, servers: list[str], caps: int, timeout_s:
         raise TimeoutError
 
 
+def wait_for_waiting(picker: ServerPicker, n: int) -> None:
+    """Until ``n`` generations of ``picker`` wait for a slot."""
+    wait_until(lambda: len(picker._waiting) == n, 5, f"{n} generation(s) waiting for a slot")
+
+
 def count_picks(picker: ServerPicker) -> list[int]:
     """Count ``picker``'s slot picks (its ``acquire_many`` script calls): the list's one item."""
     original = picker.board.acquire_many
@@ -236,7 +241,7 @@ def test_slots_another_process_gives_back_one_by_one_are_taken_soon_after_the_fi
     held.wait()
     for t in threads[n:]:
         t.start()
-    wait_until(lambda: len(taker._waiting) == n, 5, "every taker to wait")
+    wait_for_waiting(taker, n)
     time.sleep(1.5)  # asking found nothing for a while: the taker asks once a second now
     go[0].set()
     wait_until(lambda: len(got_at) == 1, 5, "the first slot taken")  # within a second
@@ -328,7 +333,7 @@ def test_a_failed_generation_does_not_hand_its_slot_to_a_waiting_one_and_a_busy_
         threads[0].start()
         holding.wait()
         threads[1].start()
-        wait_until(lambda: len(picker._waiting) == 1, 5, "the second generation to wait for B")
+        wait_for_waiting(picker, 1)
         picks = count_picks(picker)
         end_hold.set()
         threads[1].join(5)
@@ -365,7 +370,7 @@ def test_a_success_handed_over_before_a_server_went_down_does_not_mark_it_up_whe
     threads[0].start()
     holding.wait()
     threads[1].start()
-    wait_until(lambda: len(picker._waiting) == 1, 5, "the second generation to wait for the slot")
+    wait_for_waiting(picker, 1)
     end_hold.set()  # the slot goes straight to the waiting generation
     threads[1].join(5)
     assert picker.board.status([B])[0].requests_per_s > 0  # both ran on B
