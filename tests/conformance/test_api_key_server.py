@@ -22,6 +22,7 @@ from tests.conformance.helpers import (
     mismatches_with_server,
     run_cli,
     token_rows,
+    wait_for,
     write_fleet_config,
 )
 from tests.conformance.real_server import RealServer
@@ -74,7 +75,7 @@ def test_a_keyed_server_is_used_end_to_end_and_the_keys_appear_nowhere_the_fleet
         timeout=30,
     )
     assert unauthorized.status_code == 401  # the server really wants the key
-    full, budgeted = dataset_name("keyed_full"), dataset_name("keyed_budget")
+    full, revoked = dataset_name("keyed_full"), dataset_name("keyed_revoked")
     rows = token_rows(40, seed=11)
     config = write_fleet_config(
         tmp_path,
@@ -83,11 +84,10 @@ def test_a_keyed_server_is_used_end_to_end_and_the_keys_appear_nowhere_the_fleet
         server_options={"api_key_env": API_KEY_ENV, "admin_api_key_env": ADMIN_KEY_ENV},
         datasets=[
             {"name": full, "rows": rows},
-            # Stopped at its budget: the fleet aborts its in-flight requests with the admin key.
+            # Revoked while its requests run: the fleet aborts them by rid with the admin key.
             {
-                "name": budgeted,
+                "name": revoked,
                 "rows": token_rows(200, seed=12),
-                "token_budget": 4000,
                 "sampling": {"max_new_tokens": 512, "ignore_eos": True},
             },
         ],
@@ -96,19 +96,29 @@ def test_a_keyed_server_is_used_end_to_end_and_the_keys_appear_nowhere_the_fleet
     keys = {API_KEY_ENV: server_keys.api_key, ADMIN_KEY_ENV: server_keys.admin_api_key}
 
     run = Submit(config, "--window", "64", env=keys)
+    wait_for(
+        lambda: (
+            revoked in fleet_ledger.datasets()
+            and fleet_ledger.snapshot(revoked).samples >= 1
+            and fleet_ledger.snapshot(revoked).inflight > 0
+        ),
+        120,
+        "a sample of the dataset to revoke done and others running",
+    )
+    assert run_cli("revoke", revoked, "--redis-url", fleet_redis_url).returncode == 0
     assert run.wait() == 0, run.output()[-2000:]
 
     records = export_records(fleet_ledger, full, tmp_path)
     assert len(records) == len(rows)
     sources = {r["id"]: r["input_ids"] for r in rows}
     assert mismatches_with_server(records, keyed_server.requests(dataset_tag(full)), sources) == []
-    assert fleet_ledger.snapshot(budgeted).state == "exhausted"
+    assert fleet_ledger.snapshot(revoked).state == "revoked"
     aborted = [
         r
-        for r in keyed_server.requests(dataset_tag(budgeted)).values()
+        for r in keyed_server.requests(dataset_tag(revoked)).values()
         if (r.finish_reason or {}).get("message") == "Aborted"
     ]
-    assert aborted, "no request of the budgeted dataset was aborted by /abort_request (the admin key)"
+    assert aborted, "no request of the revoked dataset was aborted by /abort_request (the admin key)"
     plain = run_cli("status", "--redis-url", fleet_redis_url)
     as_json = run_cli("status", "--json", "--redis-url", fleet_redis_url)
     assert plain.returncode == 0 and as_json.returncode == 0

@@ -85,21 +85,35 @@ def test_a_truncate_budget_makes_the_server_generate_no_token_past_it(
         sampling={"max_new_tokens": 512, "ignore_eos": True},
     )
     live_server.wait_idle()
-    before = live_server.generated_tokens()
+    before, since = live_server.generated_tokens(), time.time()
 
     assert Submit(config, "--window", "64").wait() == 0
 
     live_server.wait_idle()
     generated = live_server.generated_tokens() - before
+    for_dataset = sum(r.completion_tokens or 0 for r in live_server.requests(dataset_tag(name)).values())
+    # The server's counter also counts generations that are not the dataset's: submit's one-token check
+    # of the server (its sampling accepted), a down server's probe, SGLang's own /health generation.
+    others = {
+        rid: r.completion_tokens or 0
+        for rid, r in live_server.requests("").items()
+        if not rid.startswith(dataset_tag(name)) and (r.received_at or 0) >= since
+    }
     snap = fleet_ledger.snapshot(name)
     records = export_records(fleet_ledger, name, tmp_path)
     exported = sum(r["completion_tokens"] for r in records)
-    print(f"budget {budget}: the server generated {generated} tokens ({generated / budget:.4f}x)")
+    print(
+        f"budget {budget}: the server generated {generated} tokens, {for_dataset} for the dataset "
+        f"({for_dataset / budget:.4f}x), {sum(others.values())} for {sorted(others)}"
+    )
     assert snap.state == "exhausted"
     # Each request went out with max_new_tokens at most its reservation of the budget, so the server
     # itself stopped at the budget: nothing past it, nothing generated and thrown away.
     assert snap.tokens == exported == budget
-    assert generated <= budget, f"the server generated {generated} tokens for a {budget} budget"
+    assert generated == for_dataset + sum(others.values()), "the server's log misses some of its tokens"
+    assert for_dataset <= budget, f"the server generated {for_dataset} tokens for a {budget} budget"
+    assert all(rid.startswith(("tokenfleet-probe-", "HEALTH_CHECK")) for rid in others), sorted(others)
+    assert sum(others.values()) <= len(others)  # one token each
     assert any(r["truncated"] for r in records)
 
 
