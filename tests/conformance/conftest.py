@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -49,18 +50,36 @@ def live_server(real_server: RealServer) -> RealServer:
     return real_server
 
 
-@pytest.fixture(scope="module")
-def keyed_server(server_keys: ServerKeys) -> Iterator[RealServer]:
-    """A second server, on the next port, with ``--api-key`` and ``--admin-api-key``: its recipe root is a
-    folder of its own (pid file, logs) that links the venv and the model of the first."""
+def second_root(name: str) -> Path:
+    """The recipe root of another server: a folder of its own (pid file, logs) that links the venv and
+    the model of the first."""
     base = default_root()
-    root = base / "keyed"
+    root = base / name
     root.mkdir(parents=True, exist_ok=True)
     for shared in ("venv", "tiny-llama"):
         link = root / shared
         if not link.exists():
             link.symlink_to(base / shared)
-    server = RealServer(root, default_port() + 1, server_keys.api_key, server_keys.admin_api_key)
+    return root
+
+
+@pytest.fixture(scope="module")
+def keyed_server(server_keys: ServerKeys) -> Iterator[RealServer]:
+    """A second server, on the next port, with ``--api-key`` and ``--admin-api-key``."""
+    server = RealServer(
+        second_root("keyed"), default_port() + 1, server_keys.api_key, server_keys.admin_api_key
+    )
+    server.ensure()
+    try:
+        yield server
+    finally:
+        server.stop_if_started()
+
+
+@pytest.fixture(scope="module")
+def incremental_server() -> Iterator[RealServer]:
+    """A third server, two ports on, with ``--incremental-streaming-output``: chunks carry deltas."""
+    server = RealServer(second_root("incremental"), default_port() + 2, incremental=True)
     server.ensure()
     try:
         yield server

@@ -113,6 +113,8 @@ class RealServer:
     port: int
     api_key: str | None = None
     admin_api_key: str | None = None
+    #: ``--incremental-streaming-output``: streamed chunks carry deltas of ``output_ids``, not the whole.
+    incremental: bool = False
     started: bool = field(default=False, init=False)
 
     @property
@@ -135,6 +137,8 @@ class RealServer:
             args.append(f"--api-key {self.api_key}")
         if self.admin_api_key:
             args.append(f"--admin-api-key {self.admin_api_key}")
+        if self.incremental:
+            args.append("--incremental-streaming-output")
         return " ".join(args)
 
     def _headers(self, admin: bool = False) -> dict[str, str]:
@@ -166,6 +170,7 @@ class RealServer:
             "context_length": CONTEXT_LENGTH,
             "api_key": self.api_key,
             "admin_api_key": self.admin_api_key,
+            "incremental_streaming_output": self.incremental,
         }
         return all(info.get(k) == v for k, v in wanted.items())
 
@@ -215,6 +220,17 @@ class RealServer:
             name = name_labels.split("{", 1)[0]
             values[name] = values.get(name, 0.0) + float(value)
         return values
+
+    def generate(self, input_ids: list[int], sampling_params: Mapping[str, Any]) -> list[int]:
+        """The output ids of one generation, not streamed."""
+        r = httpx.post(
+            f"{self.url}/generate",
+            json={"input_ids": input_ids, "sampling_params": dict(sampling_params)},
+            headers=self._headers(),
+            timeout=HTTP_TIMEOUT_S,
+        )
+        r.raise_for_status()
+        return [int(i) for i in r.json()["output_ids"]]
 
     def generated_tokens(self) -> int:
         """Output tokens the server generated since it started (counted as each request ends, aborted and
