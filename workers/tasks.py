@@ -22,7 +22,7 @@ from workers.app import app, settings
 from workers.heartbeat import Heartbeat
 from workers.leases import LeaseKeeper
 from workers.messages import DATASET_STAMP, GENERATE_GROUP_TASK, GENERATE_TASK
-from workers.room import MAX_ROOM, ProcessRoom
+from workers.room import MAX_ROOM, SPARE_MAX, ProcessRoom
 from workers.runner import Attempt, SampleRunner
 from workers.sglang.client import SGLangClient
 from workers.sink import OutputSink
@@ -76,10 +76,12 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     _heartbeat.start()
     log.warning(
         "tokenfleet worker %s: %s task threads take messages while this process has room: %d generations "
-        "at once, or twice the sum of a dataset's servers' caps where they have caps",
+        "at once until it runs a dataset whose servers have caps, then their sum and as many again, at most "
+        "%d more",
         getattr(sender, "hostname", ""),
         concurrency,
         room.limit,
+        SPARE_MAX,
     )
 
 
