@@ -165,23 +165,53 @@ def test_one_thread_sends_its_requests_over_one_kept_connection(server: tuple[st
     w.close()
 
 
-def test_threads_each_have_their_own_connection(server: tuple[str, Recorder]) -> None:
+def test_a_connection_given_back_by_one_thread_carries_the_next_threads_request(
+    server: tuple[str, Recorder],
+) -> None:
+    # A pool's threads take turns: the thread that runs the next generation is rarely the one that ran
+    # the last, and its request must still go over the connection the last one freed.
     url, recorder = server
     w = Wire()
-    barrier = threading.Barrier(3)
-
-    def run() -> None:
-        barrier.wait()
-        for _ in range(2):
-            post(w, url, BODY)
-
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for t in threads:
+    for _ in range(4):
+        t = threading.Thread(target=post, args=(w, url, BODY))
         t.start()
-    for t in threads:
         t.join()
+    assert len(recorder.seen) == 4 and len({s.port for s in recorder.seen}) == 1
+    w.close()
+
+
+def test_requests_at_once_each_have_a_connection_of_their_own(server: tuple[str, Recorder]) -> None:
+    url, recorder = server
+    w = Wire()
+    # Two answers held open at once (the first not read yet), then a third request: it takes the
+    # connection given back most recently.
+    with w.post(url, "/generate", orjson.dumps(BODY), timeout_s=5, connect_timeout_s=5) as first:
+        post(w, url, BODY)
+        first.response.read()
+        first.complete = True
+    post(w, url, BODY)
     ports = [s.port for s in recorder.seen]
-    assert len(ports) == 6 and len(set(ports)) == 3
+    assert len(ports) == 3 and ports[0] != ports[1] and ports[2] == ports[0]
+    w.close()
+
+
+def test_idle_connections_past_the_reuse_limit_are_closed_as_others_are_given_back(
+    server: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = server
+    w = Wire()
+    with w.post(url, "/generate", orjson.dumps(BODY), timeout_s=5, connect_timeout_s=5) as first:
+        post(w, url, BODY)  # a second connection, idle from now on
+        first.response.read()
+        first.complete = True
+    assert len(w._open) == 2
+    monkeypatch.setattr(wire_module, "IDLE_REUSE_S", 0.0)
+    time.sleep(0.01)
+    with w.post(url, "/generate", orjson.dumps(BODY), timeout_s=5, connect_timeout_s=5) as exchange:
+        exchange.response.read()
+        exchange.complete = True
+    # Both idle ones were too old: the request's own was taken after closing them, or given back after.
+    assert len(w._open) == 1
     w.close()
 
 

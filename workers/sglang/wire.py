@@ -1,4 +1,4 @@
-"""``POST /generate`` on the wire: keep-alive HTTP/1.1 connections, one per thread and server.
+"""``POST /generate`` on the wire: keep-alive HTTP/1.1 connections, shared by a process's threads.
 
 The data plane uses the standard library's ``http.client`` rather than httpx: a short generation is a
 small POST and a small answer, and per request httpx spent 1.06 ms of CPU against 0.45 through this module
@@ -8,6 +8,12 @@ what kept the fleet below 0.9x of the anchor on short outputs (docs/performance.
 
 What a connection pool does for us otherwise, done here:
 
+- A connection carries one request at a time. Idle ones wait per server, the most recently used on top:
+  a generation takes the freshest, whichever thread runs it. (One connection per thread reused almost
+  none: a pool of 1,152 threads hands each sample to the thread idle longest, whose connection was past
+  ``IDLE_REUSE_S``; at 1,024 in flight the simulator accepted a new connection for nearly every request,
+  about a tenth of its CPU, and a server answering 500 requests a second would hold 30,000 closed
+  connections in TIME_WAIT, about all of a host's ephemeral ports.)
 - A connection is reused only when its last answer was read to the end and the server did not say
   ``Connection: close``; a stream we stopped early is closed, which is also how the server learns to abort.
 - Before reuse, a connection the server has closed (or sent anything on) since is dropped: the socket is
@@ -20,6 +26,7 @@ What a connection pool does for us otherwise, done here:
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import http.client
 import select
@@ -102,13 +109,15 @@ class _Idle:
 
 
 class Wire:
-    """Thread-safe: each thread has its own connection to each server."""
+    """Thread-safe: a request takes an idle connection to its server (or opens one) and gives it back."""
 
     def __init__(self) -> None:
-        self._local = threading.local()
         self._lock = threading.Lock()
         self._endpoints: dict[str, Endpoint] = {}
-        # Weak: the connections of a thread that ended go with its thread-local data.
+        # Per server, the idle connections, the most recently given back last. A deque's append, pop and
+        # popleft are atomic: threads share it without a lock.
+        self._idle: dict[str, collections.deque[_Idle]] = {}
+        # Weak: a connection discarded (or dropped with an idle deque) leaves on its own.
         self._open: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
@@ -152,6 +161,7 @@ class Wire:
         with self._lock:
             self._closed = True
             connections, self._open = list(self._open), weakref.WeakSet()
+            self._idle.clear()
         for connection in connections:
             _hang_up(connection)
 
@@ -163,15 +173,21 @@ class Wire:
             endpoint = self._endpoints[server] = Endpoint.of(server)
         return endpoint
 
-    def _idle(self) -> dict[str, _Idle]:
-        idle: dict[str, _Idle] | None = getattr(self._local, "idle", None)
+    def _idle_of(self, server: str) -> collections.deque[_Idle]:
+        idle = self._idle.get(server)
         if idle is None:
-            idle = self._local.idle = {}
+            with self._lock:
+                idle = self._idle.setdefault(server, collections.deque())
         return idle
 
     def _take(self, server: str, endpoint: Endpoint, connect_timeout_s: float) -> http.client.HTTPConnection:
-        kept = self._idle().pop(server, None)
-        if kept is not None:
+        idle = self._idle_of(server)
+        while True:
+            try:
+                kept = idle.pop()
+            except IndexError:
+                break
+            # The freshest first: once one is too old, the rest below it are older still.
             if time.monotonic() - kept.since <= IDLE_REUSE_S and _still_open(kept.connection):
                 return kept.connection
             self._discard(kept.connection)
@@ -195,8 +211,19 @@ class Wire:
         raise RuntimeError("the SGLang client is closed")
 
     def _give_back(self, server: str, connection: http.client.HTTPConnection) -> None:
-        # _take popped this thread's kept connection to ``server``: the place is free.
-        self._idle()[server] = _Idle(connection, time.monotonic())
+        idle = self._idle_of(server)
+        now = time.monotonic()
+        idle.append(_Idle(connection, now))
+        # The oldest idle one, if too old to be used, is closed now: idle connections never pile up past
+        # what the busiest moment needed for longer than the reuse limit.
+        try:
+            oldest = idle.popleft()
+        except IndexError:
+            return
+        if now - oldest.since <= IDLE_REUSE_S:
+            idle.appendleft(oldest)
+        else:
+            self._discard(oldest.connection)
 
     def _discard(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
