@@ -353,7 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", help="validate, register and feed the datasets of CONFIG until settled")
     s.add_argument("config")
     s.add_argument("--no-server-check", action="store_true", help="skip the one-token probe of each server")
-    s.add_argument("--window", type=int, default=512, help="tasks kept queued per dataset (default 512)")
+    s.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="samples kept queued per dataset (default: 512, or what its servers run at once when more)",
+    )
     s.add_argument(
         "--give-up-after",
         type=float,

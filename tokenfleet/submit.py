@@ -108,6 +108,14 @@ def wanted_inflight(cfg: FleetConfig, servers: Mapping[str, ServerFacts]) -> int
     return None if any(c is None for c in caps) else sum(c for c in caps if c is not None)
 
 
+def queue_window(wanted: int | None) -> int:
+    """Samples kept queued per dataset by default: ``DEFAULT_WINDOW``, or what the servers run at once
+    (``wanted``) when that is more, so the first round of messages can fill them. At 1,024 in flight a
+    window of 512 took two feeder rounds and the workers' admissions to fill the server: 1.3-2.2 s from
+    submit's start."""
+    return max(DEFAULT_WINDOW, wanted or 0)
+
+
 def dataset_spec(
     cfg: FleetConfig,
     name: str,
@@ -421,7 +429,7 @@ def run_submit(
     console: Console,
     *,
     server_check: bool = True,
-    window: int = DEFAULT_WINDOW,
+    window: int | None = None,
     observer: Callable[[list[DatasetSnapshot]], None] | None = None,
     stall_s: float = DEFAULT_STALL_S,
     accept_change: bool = False,
@@ -473,10 +481,15 @@ def run_submit(
             console.print(f"[yellow]{name} is {state}: nothing is fed until `tokenfleet resume {name}`[/]")
     console.print(f"submitted {len(states)} dataset(s) to {redact_url(cfg.redis_url)}; waiting for workers")
 
+    inflight = wanted_inflight(cfg, servers)
     sizer = GroupSizer(
-        {ds.name: wanted_inflight(cfg, servers) for ds in cfg.datasets},
+        dict.fromkeys((ds.name for ds in cfg.datasets), inflight),
         say=lambda line: console.print(escape(line), soft_wrap=True),
     )
+    if window is None:
+        window = queue_window(inflight)
+        if window > DEFAULT_WINDOW:
+            console.print(f"{window:,} samples kept queued per dataset (what its servers run at once)")
     feeder = Feeder(
         ledger, TaskPublisher(app, cfg.samples_per_task, sizer), feeds, window=window, queue_key=QUEUE_NAME
     )
