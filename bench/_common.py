@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
@@ -133,13 +134,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 def child_pids() -> dict[int, str]:
-    """This process's children (pid -> command line), from ``/proc``."""
-    children: dict[int, str] = {}
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            children[int(pid)] = cmdline
-    return children
+    """This process's descendants (pid -> command line), from ``/proc``: children and theirs (a default
+    ``tokenfleet worker`` starts its other processes itself, and their CPU is the fleet's too)."""
+    found: dict[int, str] = {}
+    parents = [os.getpid()]
+    while parents:
+        parent = parents.pop()
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{parent}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    for pid in (task / "children").read_text().split():
+                        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                        if int(pid) not in found:
+                            found[int(pid)] = cmdline
+                            parents.append(int(pid))
+    return found
 
 
 class CpuMeter:

@@ -153,6 +153,17 @@ class CommandCensus:
         return dict(self.counts)
 
 
+def local_pids_matching(needle: str) -> list[int]:
+    """Every process of this machine whose command line holds ``needle`` (not only our children)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+    return found
+
+
 def pids_matching(needle: str) -> list[int]:
     return [pid for pid, cmd in child_pids().items() if needle in cmd]
 
@@ -635,17 +646,30 @@ def section_server(args: argparse.Namespace) -> list[str]:
         ]
         for seed in range(700, 700 + args.repeats)
     ]
-    a_tps, f_tps, ratios = [], [], []
+    a_tps, f_tps, ratios, a_cpu, f_cpu, a_srv, f_srv = [], [], [], [], [], [], []
+    # A server on this machine (the recipe's): its processes' CPU too, the fleet streaming and the plain
+    # client not. Elsewhere this stays empty.
+    server_pids = local_pids_matching("sglang")
     with (
         tempfile.TemporaryDirectory() as tmp,
         embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
-        workers(redis_url, args.processes, None, Path(tmp) / "logs"),
+        workers(redis_url, args.processes, None, Path(tmp) / "logs") as worker_pids,
     ):
+        cpu = CpuMeter({"this": [os.getpid()], "workers": worker_pids, "server": server_pids})
         for i, rows_in in enumerate(rows_by_run):
+            cpu.start()
             a = asyncio.run(anchor(url, rows_in, cap, args.server_max_new, Path(tmp) / "a.jsonl", sampling))
+            c = cpu.stop()
+            a_tokens = a["tokens_per_s"] * a["elapsed_s"]
+            a_cpu.append(c["this"] / a_tokens * 1e6)
+            a_srv.append(c["server"] / a_tokens * 1e6)
+            cpu.start()
             _, f = run_fleet(
                 url, redis_url, rows_in, args.server_max_new, Path(tmp) / f"f{i}", sampling=sampling
             )
+            c = cpu.stop()
+            f_cpu.append((c["this"] + c["workers"]) / f["tokens"] * 1e6)
+            f_srv.append(c["server"] / f["tokens"] * 1e6)
             a_tps.append(a["tokens_per_s"])
             f_tps.append(f["tokens"] / f["elapsed_s"])
             ratios.append(f_tps[-1] / a_tps[-1])
@@ -658,12 +682,25 @@ def section_server(args: argparse.Namespace) -> list[str]:
         f"{args.server_max_new} tokens a run, {args.processes} default worker command(s), medians of "
         f"{args.repeats} paired runs\n"
     )
-    return [
-        print_table(
-            ["server batch", "plain client tok/s", "fleet tok/s", "ratio (median of paired runs)"],
-            [[cap, f"{median(a_tps):,.0f}", f"{median(f_tps):,.0f}", f"{median(ratios):.3f}"]],
-        )
+    rows = [
+        ["tokens/s", f"{median(a_tps):,.0f}", f"{median(f_tps):,.0f}", f"{median(ratios):.3f}x"],
+        [
+            "client CPU s per 1M tokens (fleet: workers + producer)",
+            f"{median(a_cpu):.1f}",
+            f"{median(f_cpu):.1f}",
+            f"{median(f_cpu) / median(a_cpu):.2f}x",
+        ],
     ]
+    if server_pids:
+        rows.append(
+            [
+                "server CPU s per 1M tokens (its processes here)",
+                f"{median(a_srv):.1f}",
+                f"{median(f_srv):.1f}",
+                f"{median(f_srv) / median(a_srv):.2f}x",
+            ]
+        )
+    return [print_table(["per", "plain client", "fleet", "fleet / plain"], rows)]
 
 
 SECTIONS = {
