@@ -110,9 +110,10 @@ def wanted_inflight(cfg: FleetConfig, servers: Mapping[str, ServerFacts]) -> int
 
 def queue_window(wanted: int | None) -> int:
     """Samples kept queued per dataset by default: ``DEFAULT_WINDOW``, or what the servers run at once
-    (``wanted``) when that is more, so the first round of messages can fill them. At 1,024 in flight a
-    window of 512 took two feeder rounds and the workers' admissions to fill the server: 1.3-2.2 s from
-    submit's start."""
+    (``wanted``) when that is more. For fleets of many servers: eight of 1,024 would get a sixteenth of
+    their batch per feeder round from a window of 512, about 5,000 samples a second at 0.1 s rounds.
+    (With one server of 1,024 the ramp measured the same either way: 1,000 running 1.3-2.2 s after
+    submit's start.)"""
     return max(DEFAULT_WINDOW, wanted or 0)
 
 
