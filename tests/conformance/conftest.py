@@ -31,15 +31,20 @@ def server_keys() -> ServerKeys:
     return ServerKeys(f"tfk-{secrets.token_hex(16)}", f"tfa-{secrets.token_hex(16)}")
 
 
-@pytest.fixture(scope="session")
-def real_server() -> Iterator[RealServer]:
-    """The recipe's server with metrics and the request log; reused if it already runs so."""
-    server = RealServer(default_root(), default_port())
+def running(server: RealServer) -> Iterator[RealServer]:
+    """A fixture's body: ``server`` up with its flags, then stopped if this run started it."""
     server.ensure()
     try:
         yield server
     finally:
         server.stop_if_started()
+
+
+@pytest.fixture(scope="session")
+def real_server() -> Iterator[RealServer]:
+    """The recipe's server with metrics and the request log; reused if it already runs so."""
+    server = RealServer(default_root(), default_port())
+    yield from running(server)
 
 
 @pytest.fixture
@@ -69,22 +74,14 @@ def keyed_server(server_keys: ServerKeys) -> Iterator[RealServer]:
     server = RealServer(
         second_root("keyed"), default_port() + 1, server_keys.api_key, server_keys.admin_api_key
     )
-    server.ensure()
-    try:
-        yield server
-    finally:
-        server.stop_if_started()
+    yield from running(server)
 
 
 @pytest.fixture(scope="module")
 def incremental_server() -> Iterator[RealServer]:
     """A third server, two ports on, with ``--incremental-streaming-output``: chunks carry deltas."""
     server = RealServer(second_root("incremental"), default_port() + 2, incremental=True)
-    server.ensure()
-    try:
-        yield server
-    finally:
-        server.stop_if_started()
+    yield from running(server)
 
 
 @pytest.fixture(scope="session")
