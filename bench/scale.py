@@ -639,13 +639,7 @@ def section_server(args: argparse.Namespace) -> list[str]:
     cap = int(info.get("max_running_requests") or args.inflight)
     vocab = args.server_vocab_size
     sampling = {"ignore_eos": True}
-    rows_by_run = [
-        [
-            [3 + (seed * 104729 + i * 7919 + j * 31) % (vocab - 3) for j in range(32)]
-            for i in range(args.requests or 600)
-        ]
-        for seed in range(700, 700 + args.repeats)
-    ]
+    rows_by_run = [prompts(args.requests or 600, seed, vocab) for seed in range(700, 700 + args.repeats)]
     a_tps, f_tps, ratios, a_cpu, f_cpu, a_srv, f_srv = [], [], [], [], [], [], []
     # A server on this machine (the recipe's): its processes' CPU too, the fleet streaming and the plain
     # client not. Elsewhere this stays empty.

@@ -62,8 +62,9 @@ def per_request(cpu_s: dict[str, float], requests: int) -> dict[str, float]:
     return {CPU_PREFIX + name: seconds * 1000 / requests for name, seconds in cpu_s.items()}
 
 
-def prompts(n: int, seed: int) -> list[list[int]]:
-    return [[3 + (seed * 104729 + i * 7919 + j * 31) % 31000 for j in range(32)] for i in range(n)]
+def prompts(n: int, seed: int, vocab: int = 31003) -> list[list[int]]:
+    """``n`` prompts of 32 ids in [3, vocab)."""
+    return [[3 + (seed * 104729 + i * 7919 + j * 31) % (vocab - 3) for j in range(32)] for i in range(n)]
 
 
 async def anchor(
