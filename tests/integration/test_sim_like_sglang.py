@@ -5,8 +5,12 @@ errors inside 200 streams, keys, the vocabulary crash, type-strict sampling para
 from __future__ import annotations
 
 import json
+import select
+import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -318,3 +322,36 @@ def test_metrics_are_404_unless_enabled_and_count_the_servers_tokens() -> None:
     assert samples["sglang:prompt_tokens_total"] == 6
     assert samples["sglang:generation_tokens_total"] == 10
     assert samples["sglang:num_running_reqs"] == samples["sglang:num_queue_reqs"] == 0
+
+
+# --- connections ----------------------------------------------------------------------------------------
+
+
+def test_hundreds_of_connections_opened_while_the_server_is_busy_are_queued_not_dropped() -> None:
+    """SGLang's uvicorn listens with a backlog of 2,048: connections a busy server has not accepted yet
+    wait in the kernel's queue. aiohttp's default of 128 dropped the rest of a fleet's first burst (their
+    SYNs are retried a second later): runs at 1,024 in flight took seconds longer to ramp up, the plain
+    client's and the fleet's alike, by chance. The simulator's loop is held still while the connections
+    are made, so only the listen queue can complete them."""
+    wanted = 600  # a fleet's first burst; well past aiohttp's 128, and within a 1,024-file limit
+    with SimServerThread(SimConfig(port=0, step_time_s=FAST_STEP_S)) as server:
+        loop = server._loop  # the only way to make the server busy at a known moment
+        assert loop is not None
+        held = threading.Event()
+        loop.call_soon_threadsafe(lambda: (held.set(), time.sleep(2.0)))
+        assert held.wait(5)
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(wanted)]
+        try:
+            for s in sockets:
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", server.port))
+            deadline = time.monotonic() + 1.0
+            pending = set(sockets)
+            while pending and time.monotonic() < deadline:
+                _, writable, _ = select.select([], list(pending)[:500], [], 0.05)
+                pending -= {s for s in writable if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0}
+            connected = wanted - len(pending)
+        finally:
+            for s in sockets:
+                s.close()
+    assert connected == wanted, f"{wanted - connected} of {wanted} connections were not queued"

@@ -81,6 +81,8 @@ SIM_VERSION: Final = "0.5.23-sim"
 WEIGHT_VERSION: Final = "default"
 DEFAULT_STATS_PREFIX_LEN: Final = 8
 SHUTDOWN_TIMEOUT_S: Final = 2.0
+#: Connections waiting to be accepted: uvicorn's default, which SGLang keeps.
+LISTEN_BACKLOG: Final = 2048
 SSE_HEADERS: Final = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 SSE_END: Final = b"\n\n"
 SSE_DONE_EVENT: Final = SSE_DATA_PREFIX + SSE_DONE + SSE_END
@@ -810,7 +812,11 @@ async def serve(config: SimConfig, *, on_ready: Callable[[int], None], stop: asy
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        # SGLang 0.5.23 serves through uvicorn with its default listen backlog, 2,048
+        # (sglang/srt/entrypoints/http_server.py); aiohttp's default is 128. With 128, a fleet opening a
+        # thousand connections at once had most of its SYNs dropped and retried a second later
+        # (TcpExtListenOverflows), a ramp the real server does not have.
+        site = web.TCPSite(runner, config.host, config.port, backlog=LISTEN_BACKLOG)
         await site.start()
         on_ready(runner.addresses[0][1])
         await stop.wait()
