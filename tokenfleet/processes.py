@@ -22,6 +22,12 @@ import redis
 
 #: How long to wait for a process we started to answer.
 START_TIMEOUT_S: Final = 30.0
+#: Free ports an embedded Redis tries before it gives up.
+PORT_TRIES: Final = 3
+
+
+class RedisStartError(RuntimeError):
+    """A redis-server we started did not come up (its port taken, or it failed): its log says why."""
 
 
 def free_port() -> int:
@@ -39,6 +45,18 @@ def redis_answers(url: str) -> bool:
             client.close()
     except (redis.RedisError, ValueError):
         return False
+
+
+def redis_pid(url: str) -> int | None:
+    """The process id of the Redis server answering at ``url``, or None when none answers."""
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1)
+        try:
+            return int(client.info("server")["process_id"])
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError, KeyError):
+        return None
 
 
 def redis_server_binary() -> str:
@@ -72,24 +90,41 @@ def start_redis(
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = url or f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not redis_answers(url):
+    # Ours, not whatever answers on the port: a free port can be taken by another server between
+    # ``free_port`` and the bind, and that server would otherwise pass for this one.
+    while redis_pid(url) != proc.pid:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"redis-server did not start (see {folder / 'redis.log'})")
+            proc.wait()
+            raise RedisStartError(f"redis-server did not start on port {port} (see {folder / 'redis.log'})")
         time.sleep(0.05)
     return proc
 
 
 @contextmanager
 def embedded_redis(folder: Path, port: int | None = None, binary: str | None = None) -> Iterator[str]:
-    """A private Redis (no persistence) on a free port, stopped at the end; yields its URL."""
-    port = port or free_port()
-    proc = start_redis(folder, port, binary=binary)
+    """A private Redis (no persistence) on a free port (another one if that is taken before Redis binds
+    it), stopped at the end; yields its URL."""
+    if port:
+        proc = start_redis(folder, port, binary=binary)
+    else:
+        proc, port = _start_on_a_free_port(folder, binary)
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _start_on_a_free_port(folder: Path, binary: str | None) -> tuple[subprocess.Popen[bytes], int]:
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        try:
+            return start_redis(folder, port, binary=binary), port
+        except RedisStartError:
+            if attempt == PORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
 
 
 def worker_command(concurrency: int, name: str, loglevel: str = "WARNING") -> list[str]:
