@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import redis
 
-from tokenfleet.processes import free_port, start_worker, stop_process, wait_for_workers
+from tokenfleet.processes import free_port, redis_pid, start_worker, stop_process, wait_for_workers
 
 BENCH_REDIS_URL = os.environ.get("TOKENFLEET_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 
@@ -173,16 +173,16 @@ def fleet_cpu_meter(redis_url: str) -> CpuMeter:
     """A meter over this process (the anchor, or submit's producer), its worker and simulator children,
     and the Redis server (local: its pid from INFO)."""
     children = child_pids()
-    client = redis.Redis.from_url(redis_url)
-    redis_pid = int(client.info("server")["process_id"])
-    client.close()
+    server_pid = redis_pid(redis_url)
+    if server_pid is None:
+        raise RuntimeError(f"no Redis answers at {redis_url}")
     return CpuMeter(
         {
             "this process (anchor / producer)": [os.getpid()],
             # celery retitles its process: "[celeryd: NAME] ... (worker --concurrency=...)"
             "worker processes": [pid for pid, cmd in children.items() if "worker" in cmd],
             "simulator": [pid for pid, cmd in children.items() if "tokenfleet.sim" in cmd],
-            "redis-server": [redis_pid],
+            "redis-server": [server_pid],
         }
     )
 
