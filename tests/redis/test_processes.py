@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -13,7 +14,9 @@ pytestmark = pytest.mark.redis
 
 
 def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1].split("/")[0])
+    port = urlsplit(url).port
+    assert port is not None
+    return port
 
 
 def test_a_redis_started_where_another_redis_listens_fails_instead_of_passing_for_it(tmp_path: Path) -> None:
