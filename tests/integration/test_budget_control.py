@@ -314,7 +314,14 @@ def test_a_task_dropped_by_the_ledger_is_reported_to_flower_as_revoked_with_its_
         receiver = app.events.Receiver(conn, handlers={"*": events.append})
         listening = threading.Thread(target=lambda: receiver.capture(limit=None, timeout=None), daemon=True)
         listening.start()
-        time.sleep(0.5)
+        # Events sent before the receiver listens are lost (pub/sub): send our own until one comes back
+        with app.events.default_dispatcher() as dispatcher:
+
+            def heard_back() -> bool:
+                dispatcher.send("tokenfleet-listening")
+                return any(e["type"] == "tokenfleet-listening" for e in events)
+
+            wait_until(heard_back, timeout_s=10, what="the event receiver to listen")
         samples = [Sample(f"s{i}", i + 1, [3, 4], None, {}) for i in range(3)]
         TaskPublisher(app)(name, samples)  # published past the ledger, as a stale producer might
         try:

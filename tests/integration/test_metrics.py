@@ -23,7 +23,7 @@ from budget.server_board import ServerLedger, ServerOutcome
 from tests.support.env import TEST_REDIS_URL
 from tokenfleet.metrics import GAUGES, STATES, build_collector
 from tokenfleet.processes import free_port
-from tokenfleet.status_view import snapshot_json
+from tokenfleet.status_view import project, snapshot_json
 from workers.version import full_version
 
 pytestmark = pytest.mark.integration
@@ -254,8 +254,13 @@ def test_the_counters_equal_the_gauges_and_the_figures_are_the_ones_status_shows
     rate = gauge(scraped, "tokens_per_second", "counted")
     assert snap.tokens_per_s - 1e-9 <= rate <= before.tokens_per_s + 1e-9
     assert snap.tokens_per_s > 0
-    assert gauge(scraped, "eta_budget_seconds", "counted") == pytest.approx(shown["eta_budget_s"], abs=0.05)
-    assert gauge(scraped, "eta_seconds", "counted") == pytest.approx(shown["eta_s"], abs=0.05)
+    # ... and the ETAs, from that rate, rise from one read to the next: the scrape's lie between too
+    early, late = project(before), project(snap)
+    for series, eta in (("eta_budget_seconds", "eta_budget_s"), ("eta_seconds", "eta_s")):
+        lo, hi = getattr(early, eta), getattr(late, eta)
+        assert lo is not None and hi is not None
+        assert lo - 1e-6 <= gauge(scraped, series, "counted") <= hi + 1e-6
+        assert shown[eta] == pytest.approx(hi, abs=0.05)  # status shows the same figure, to 0.1 s
     assert gauge(scraped, "projected_overshoot_tokens", "counted") == shown["projected_overshoot_tokens"]
     assert gauge(scraped, "projected_waste_tokens", "counted") == shown["projected_waste_tokens"]
 

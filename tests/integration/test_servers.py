@@ -262,8 +262,9 @@ def test_a_killed_workers_slots_expire_and_the_surviving_worker_takes_their_plac
     print(f"victim held {held} slots, gone after {gone_s:.2f} s; running meanwhile {max(phantom)}")
     assert held >= 1
     # at most a lease after its last renewal, seen at the survivor's next pick (a waiting generation asks
-    # at least every WAIT_IDLE_MAX_S), read by the sampler a moment later
-    assert LEASE_S * 0.5 <= gone_s <= LEASE_S + WAIT_IDLE_MAX_S + 0.25
+    # at least every WAIT_IDLE_MAX_S), read by the sampler a moment later (0.75 s for a loaded machine's
+    # scheduling: a lease never renewed again still shows here, past LEASE_S + WAIT_IDLE_MAX_S + 0.75)
+    assert LEASE_S * 0.5 <= gone_s <= LEASE_S + WAIT_IDLE_MAX_S + 0.75
     assert all(running + victims <= cap for running, victims in after_kill)  # the dead worker's still count
     assert after_kill[-1] == (cap, 0)  # then the survivor got them
 

@@ -314,7 +314,9 @@ def test_abort_needs_an_exact_live_rid_and_then_takes_every_live_rid_it_starts()
 
 def test_an_aborted_running_stream_ends_after_one_more_token_with_its_partial_output() -> None:
     params = {"max_new_tokens": 4000, "ignore_eos": True}
-    with sim_client(step_time_s=0.02) as client:
+    # Steps of 0.25 s: the abort, sent on another connection after the first chunk, lands within the
+    # second step even on a loaded machine (at 0.02 s it had 20-40 ms to do so)
+    with sim_client(step_time_s=0.25) as client:
         body = {"input_ids": [1], "rid": "one-more", "stream": True, "sampling_params": params}
         with client.stream("POST", "/generate", json=body) as reply:
             lines = (line for line in reply.iter_lines() if line.startswith("data: "))
@@ -530,7 +532,9 @@ def test_64_concurrent_streams_finish_in_about_their_step_budget() -> None:
     with sim_server(step_time_s=step_s) as url:
         elapsed = asyncio.run(scenario(url))
     budget = tokens * step_s
-    assert budget * 0.9 < elapsed < budget * 2 + 0.5
+    # Batched: about the budget (0.9 s measured; each step's CPU adds to its sleep on a loaded machine).
+    # One stream after another would take 64 budgets (51 s), so 6 leaves room and still tells them apart.
+    assert budget * 0.9 < elapsed < budget * 6
 
 
 def test_every_config_field_has_a_cli_flag() -> None:
