@@ -286,20 +286,24 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before 
 
 
 def cmd_worker(args: argparse.Namespace, console: Console) -> int:
+    from workers.settings import CONCURRENCY_ENV, TASK_THREADS
+
     if args.redis_url:
         os.environ["TOKENFLEET_REDIS_URL"] = args.redis_url
+    os.environ[CONCURRENCY_ENV] = str(args.concurrency)  # read when the app's settings are made
     from workers.app import app
     from workers.messages import QUEUE_NAME
 
     name = args.name or f"tokenfleet-{os.getpid()}"
     processes = worker_processes(args.processes)
+    threads = min(args.concurrency, TASK_THREADS)
     children: list[subprocess.Popen[bytes]] = []
     if processes > 1:
         console.print(
             f"tokenfleet worker {name}: {processes} processes ({args.processes}: one per core, at most "
-            f"{MAX_AUTO_PROCESSES}), each with {args.concurrency} task threads"
+            f"{MAX_AUTO_PROCESSES}), each with {threads} task threads"
             if args.processes == "auto"
-            else f"tokenfleet worker {name}: {processes} processes, each with {args.concurrency} task threads"
+            else f"tokenfleet worker {name}: {processes} processes, each with {threads} task threads"
         )
         base = [sys.executable, "-m", "tokenfleet.cli", "worker", "--processes=1"]
         base += [f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}"]
@@ -308,7 +312,7 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     argv = [
         "worker",
         "--pool=threads",
-        f"--concurrency={args.concurrency}",
+        f"--concurrency={threads}",
         "--events",
         f"--loglevel={args.loglevel}",
         f"--queues={QUEUE_NAME}",
@@ -442,8 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=int,
         default=32,
-        help="task threads per process; also the generations a process runs at once where a server has "
-        "no cap (where it has, twice the servers' caps)",
+        help="generations a process runs at once where a server has no cap (where they have caps, the "
+        "process's room follows them and the slots it holds)",
     )
     s.add_argument(
         "--processes",

@@ -46,15 +46,16 @@ def runner() -> SampleRunner:
                 keeper=LeaseKeeper(ledger, settings.lease_ms),
                 lease_ms=settings.lease_ms,
             )
+            room.follow(_runner.picker.held)
+            _runner.picker.on_slots = room.wake
         return _runner
 
 
 @app.task(name=GENERATE_TASK, bind=True, acks_late=True, ignore_result=True)
 def generate(self: Task, dataset: str, sample_id: str, sample: dict[str, Any]) -> dict[str, Any]:
-    outcome = runner().run(dataset, {**sample, "sample_id": sample_id})
-    if outcome.outcome == "dropped":
-        _report_dropped(self, outcome.reason)
-    return outcome.as_dict()
+    """One sample in one message (``samples_per_task = 1``): admitted and run as a group of one, so it
+    takes the process's room, not a task thread, while it generates."""
+    return _admit_and_start(self, dataset, [{**sample, "sample_id": sample_id}])
 
 
 _heartbeat: Heartbeat | None = None
@@ -64,7 +65,8 @@ _heartbeat: Heartbeat | None = None
 def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     global _heartbeat
     r = runner()
-    concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
+    threads = getattr(getattr(sender, "controller", None), "concurrency", None)
+    concurrency = settings.concurrency or threads
     if isinstance(concurrency, int):
         room.default(concurrency)
     _heartbeat = Heartbeat(
@@ -76,10 +78,10 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     _heartbeat.start()
     log.warning(
         "tokenfleet worker %s: %s task threads take messages while this process has room: %d generations "
-        "at once until it runs a dataset whose servers have caps, then their sum and as many again, at most "
-        "%d more",
+        "at once until it runs a dataset whose servers have caps, then their sum and as many again (at most "
+        "%d more), and at most twice the server slots it holds",
         getattr(sender, "hostname", ""),
-        concurrency,
+        threads,
         room.limit,
         SPARE_MAX,
     )
@@ -137,6 +139,12 @@ def generate_group(self: Task, dataset: str, samples: list[dict[str, Any]]) -> d
     (leased, generated, recorded and committed as ``generate`` does for one), and the task returns: its
     message is acknowledged once its samples are admitted. From there the ledger holds them: a process
     killed mid-generation leaves leases that expire, and submit feeds those samples again."""
+    return _admit_and_start(self, dataset, samples)
+
+
+def _admit_and_start(task: Task, dataset: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Wait for room for ``samples``, admit them in one ledger call, and start the admitted ones in the
+    generation pool; report the task as revoked when none was admitted."""
     r = runner()
     room.take(len(samples))
     try:
@@ -152,7 +160,7 @@ def generate_group(self: Task, dataset: str, samples: list[dict[str, Any]]) -> d
         pool.submit(_run_in_room, attempt)
     dropped = [o for o in outcomes if o is not None]
     if not attempts:
-        _report_dropped(self, ", ".join(sorted({o.reason for o in dropped})))
+        _report_dropped(task, ", ".join(sorted({o.reason for o in dropped})))
     return {
         "admitted": len(attempts),
         "dropped": [

@@ -269,8 +269,8 @@ def test_revoking_by_stamped_header_with_the_celery_cli_revokes_the_dataset_in_t
             {"name": stamped, "rows": token_rows(300, seed=11)},
             {"name": other, "rows": token_rows(200, seed=12), "max_samples": 30},
         ],
-        # one sample per message: each waits in the queue for a worker thread, where a stamped revoke
-        # finds it (group messages are taken as soon as a worker has room for them)
+        # one sample per message: many messages wait in the queue for a task thread (each process holds
+        # two at most), where a stamped revoke finds them
         top={"samples_per_task": 1},
     )
     run = BackgroundSubmit(config, "--window", "32")
