@@ -6,9 +6,10 @@ admitted, and a sample that ends frees its room at once for the next message's, 
 group does. The room is sized from the caps of the servers of the datasets the process has run (their sum
 and spares, so a sample is ready whenever a server slot frees), and it says when that changes; where a
 server has no cap (a router, a server submit could not ask) it is the worker's ``--concurrency``. Within
-that, a process takes at most twice the server slots it holds (``FOLLOW_MIN`` at least), so each of its
-samples waits about one generation for a slot however the fleet's slots are split between processes, and
-samples start close to their order in the source.
+that, a process takes at most twice the server slots it holds (``FOLLOW_MIN`` at least; more when short
+generations end faster than messages are admitted), so each of its samples waits about one generation for a
+slot however the fleet's slots are split between processes, and samples start close to their order in the
+source.
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ MAX_ROOM: Final = 4096
 #: was 2,048 threads a process, and in a 1,024-in-flight run they queued for the GIL and the process's
 #: locks while the server sat idle.
 SPARE_MAX: Final = 128
-#: Once the room is sized by servers' caps, a process takes at most twice the server slots it holds (and
-#: at least this many): its samples wait for a slot about one generation, in whichever process they land.
-#: A room of caps plus spares in every process let the process holding fewer slots queue several times
-#: more samples per slot: at 64 in flight, its samples started 168 places or more from their place in the
-#: source for one in ten, and the longest answers of a run started last.
+#: Within its limit, a process takes at most the server slots it holds and as many again (and at least
+#: this many): its samples wait for a slot about one generation, in whichever process they land. A room of
+#: caps plus spares in every process let the process holding fewer slots queue several times more samples
+#: per slot, and run them after the rest of the source (docs/scaling.md, "Samples started in their order").
 FOLLOW_MIN: Final = 32
 #: ... and as many as end in this long, when that is more: short generations end faster than a task thread
 #: takes the next message and admits it (answers of 7 tokens end 30 times a second per slot).
