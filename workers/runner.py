@@ -12,7 +12,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,21 +157,6 @@ class SampleRunner:
         except SGLangError as e:
             return False, f"probe generation: {e.message}"
         return True, "probe generation answered"
-
-    def run(self, dataset: str, sample: dict[str, Any]) -> Outcome:
-        return self.run_many(dataset, [sample])[0]
-
-    def run_many(
-        self,
-        dataset: str,
-        samples: list[dict[str, Any]],
-        mapper: Callable[[Callable[[Attempt], Outcome], list[Attempt]], Iterable[Outcome]] = map,
-    ) -> list[Outcome]:
-        """Admit ``samples`` in one ledger call, then generate the admitted ones through ``mapper`` (a
-        thread pool's ``map`` runs them at once); returns one outcome per sample, in order."""
-        outcomes, attempts = self.admit_many(dataset, samples)
-        done = iter(mapper(self.run_admitted, attempts))
-        return [o if o is not None else next(done) for o in outcomes]
 
     def admit_many(
         self, dataset: str, samples: list[dict[str, Any]]
