@@ -140,10 +140,13 @@ class ProcessRoom:
                 self._turns.remove(turn)
                 self._cond.notify_all()  # the next in line may fit too
 
-    def give(self, n: int = 1) -> None:
+    def give(self, n: int = 1, *, ended: bool = True) -> None:
+        """Free room for ``n``: generations that ended (counted in the rate of ends), or samples that never
+        ran (``ended=False``: dropped at admission, or an admission that failed)."""
         with self._cond:
             self._used = max(0, self._used - n)
-            self._ends += n
+            if ended:
+                self._ends += n
             now = time.monotonic()
             if now - self._ends_since >= RATE_EVERY_S:
                 self._ends_per_s = self._ends / (now - self._ends_since)

@@ -150,9 +150,9 @@ def _admit_and_start(task: Task, dataset: str, samples: list[dict[str, Any]]) ->
     try:
         outcomes, attempts = r.admit_many(dataset, samples)
     except BaseException:
-        room.give(len(samples))
+        room.give(len(samples), ended=False)
         raise
-    room.give(len(samples) - len(attempts))
+    room.give(len(samples) - len(attempts), ended=False)
     if attempts:
         room.fit(dataset, attempts[0].spec.max_inflight_per_server)
     pool = generation_pool()

@@ -4,8 +4,9 @@ slots the process holds, so its samples wait for a slot about one generation whi
 from __future__ import annotations
 
 import threading
+import time
 
-from workers.room import FOLLOW_MIN, SPARE_MAX, ProcessRoom
+from workers.room import FOLLOW_MIN, RATE_EVERY_S, SPARE_MAX, ProcessRoom
 
 CAPS = {"http://a:30000": 64}
 
@@ -86,3 +87,18 @@ def test_an_empty_room_always_takes_a_group_even_larger_than_its_room() -> None:
     took = taken_in_thread(room, FOLLOW_MIN + 10)
 
     assert took.wait(2)  # nothing in flight: a group never waits for room it can never have
+
+
+def test_generations_ending_fast_widen_the_room_and_samples_dropped_at_admission_do_not() -> None:
+    dropped, ended = room_holding([10]), room_holding([10])
+    for room in (dropped, ended):
+        room.take(400)  # an empty room takes any group
+    time.sleep(RATE_EVERY_S)  # the rate of ends is measured over at least this long
+
+    dropped.give(400, ended=False)  # never ran: no generation ended
+    ended.give(400)
+
+    assert dropped.room_now() == FOLLOW_MIN  # twice the 10 slots held is less than the minimum
+    # about 800 ends a second: room for those that end in REFILL_S on top of the 10 slots held, past the
+    # minimum (within the caps-and-spares limit of 128)
+    assert FOLLOW_MIN < ended.room_now() <= ended.limit
