@@ -565,12 +565,19 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                 ratios, a_tps, f_tps, extra_s, steady, starts, ends = [], [], [], [], [], [], []
                 for i in range(args.repeats):
                     rows_in = prompts(n, seed=500 + i)
-                    with TokenTimeline(url) as a_line:
-                        a = asyncio.run(
-                            anchor(url, rows_in, inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl")
-                        )
-                    with TokenTimeline(url) as f_line:
-                        _, f = run_fleet(url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}")
+                    # Each side goes first in every other pair: on a machine whose speed drifts within
+                    # seconds, the side run first would otherwise be favoured (or not) in every pair.
+                    for side in ("plain", "fleet") if i % 2 == 0 else ("fleet", "plain"):
+                        if side == "plain":
+                            with TokenTimeline(url) as a_line:
+                                a = asyncio.run(
+                                    anchor(url, rows_in, inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl")
+                                )
+                        else:
+                            with TokenTimeline(url) as f_line:
+                                _, f = run_fleet(
+                                    url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}"
+                                )
                     fleet_tps = f["tokens"] / f["elapsed_s"]
                     # the plain client's run starts once its clients are made (its tok/s excludes that)
                     a_fig, f_fig = a_line.figures(started=a["started_at"]), f_line.figures()
@@ -582,7 +589,9 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                     starts.append(f_fig["first_token_s"] - a_fig["first_token_s"])
                     ends.append(f_fig["after_last_s"] - a_fig["after_last_s"])
                     print(
-                        f"  defaults {workload} {inflight}: {ratios[-1]:.3f} (steady {steady[-1]:.3f}; "
+                        f"  defaults {workload} {inflight}, {'plain' if i % 2 == 0 else 'fleet'} first: "
+                        f"{ratios[-1]:.3f} ({fleet_tps:,.0f}/"
+                        f"{a['tokens_per_s']:,.0f} tok/s; steady {steady[-1]:.3f}; "
                         f"start {starts[-1]:+.2f} s, end {ends[-1]:+.2f} s; to 10% of the tokens "
                         f"{f_fig['ramp_s']:.2f}/{a_fig['ramp_s']:.2f} s, 90% to the last "
                         f"{f_fig['tail_s']:.2f}/{a_fig['tail_s']:.2f} s, fleet/plain)",
@@ -602,7 +611,8 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                     ]
                 )
     print(
-        f"\ndefaults: one `tokenfleet worker` with no options, medians of {args.repeats} paired runs. The "
+        f"\ndefaults: one `tokenfleet worker` with no options, medians of {args.repeats} paired runs "
+        "(each side first in every other pair). The "
         "simulator's token count, read every 0.1 s during each side's run, gives its first token (from the "
         "run's start), its end (from the last token to the run's end: submit's settle) and the steady "
         "rate (between 10% and 90% of the run's tokens); fleet minus plain client, and fleet / plain\n"

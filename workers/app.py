@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from workers.broker_clients import reuse_broker_clients
 from workers.messages import GENERATE_GROUP_TASK, GENERATE_TASK, QUEUE_NAME
 from workers.settings import DEFAULT_CONCURRENCY, WorkerSettings
 
@@ -18,6 +19,7 @@ settings = WorkerSettings.from_env()
 
 def make_app(broker_url: str, visibility_timeout_s: float = settings.visibility_timeout_s) -> Celery:
     """A Celery app on ``broker_url`` with the fleet's settings (workers, and producers that publish)."""
+    reuse_broker_clients()
     app = Celery("tokenfleet", broker=broker_url, include=["workers.tasks"])
     app.conf.update(
         task_serializer="json",

@@ -1,0 +1,76 @@
+"""The broker's channels reuse one redis-py client each (``workers/broker_clients.py``), against a real
+Redis: messages still go and come back, and a channel whose pool is replaced gets a new client."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from kombu import Consumer, Exchange, Producer, Queue
+
+from workers.app import make_app
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def constructions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per ``redis.Redis`` built from here on."""
+    built: list[int] = []
+    original = redis.Redis.__init__
+
+    def counting_init(self: redis.Redis, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "__init__", counting_init)
+    return built
+
+
+def test_publishing_and_acking_a_hundred_messages_builds_one_redis_client_not_one_per_command(
+    redis_client: redis.Redis, redis_url: str, constructions: list[int]
+) -> None:
+    app = make_app(redis_url)
+    queue = Queue(f"q-{uuid.uuid4().hex[:8]}", Exchange("tf-test", type="direct"), routing_key="r")
+    got: list[int] = []
+    with app.connection_for_write() as conn:
+        channel = conn.channel()
+        producer = Producer(channel, exchange=queue.exchange, routing_key="r")
+        queue(channel).declare()
+        for i in range(100):
+            producer.publish({"i": i}, serializer="json")
+        built_publishing = len(constructions)
+
+        def on_message(body: dict[str, int], message: Any) -> None:
+            got.append(body["i"])
+            message.ack()
+
+        with Consumer(channel, queues=[queue], callbacks=[on_message], accept=["json"]):
+            while len(got) < 100:
+                conn.drain_events(timeout=5)
+    assert got == list(range(100))  # each message once, in order
+    # kombu alone builds a client per publish and per ack: 200 here
+    assert built_publishing <= 2
+    assert len(constructions) <= 4
+
+
+def test_a_channel_whose_pool_is_replaced_takes_a_client_of_the_new_pool(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    app = make_app(redis_url)
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
+            assert first is second
+            assert first.ping()
+        channel._pool = None  # what kombu does when the channel closes its connections to reconnect
+        with channel.conn_or_acquire() as third:
+            assert third is not first
+            assert third.connection_pool is channel.pool
+            assert third.ping()
+        given = redis.Redis.from_url(redis_url)
+        with channel.conn_or_acquire(given) as passed:  # a client passed in is used as it is
+            assert passed is given
+        given.close()
