@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import orjson
@@ -67,6 +67,10 @@ def prompts(n: int, seed: int, vocab: int = 31003) -> list[list[int]]:
     return [[3 + (seed * 104729 + i * 7919 + j * 31) % (vocab - 3) for j in range(32)] for i in range(n)]
 
 
+#: The plain client's rids start with this (8 characters, as the fleet's dataset tag).
+PLAIN_RID_PREFIX: Final = "plain000"
+
+
 async def anchor(
     url: str,
     rows: list[list[int]],
@@ -92,7 +96,8 @@ async def anchor(
                 url + "/generate",
                 json={
                     "input_ids": ids,
-                    "rid": uuid.uuid4().hex,
+                    # one prefix for all: the simulator keeps its counts by rid prefix
+                    "rid": PLAIN_RID_PREFIX + uuid.uuid4().hex,
                     "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.7}
                     | dict(sampling or {}),
                 },

@@ -452,8 +452,12 @@ def test_sim_stats_count_generated_tokens_per_dataset_tag() -> None:
                 completions[tag] += body.json()["meta_info"]["completion_tokens"]
         counts = stats(client)
         short = stats(client, prefix_len=7)
+        totals = client.get("/sim/stats", params={"totals": "1"}).json()
         reset = client.post("/sim/reset").json()
     assert counts["by_prefix"] == completions
+    # the counters alone, for a reader that polls them: the same figures, no maps by prefix
+    assert totals == {k: v for k, v in counts.items() if not k.endswith("by_prefix")}
+    assert totals["generated_tokens"] == sum(completions.values())
     assert short["by_prefix"] == {"dataset": sum(completions.values())}
     assert counts["generated_tokens"] == sum(completions.values())
     assert (counts["requests"], counts["finished"], counts["running"], counts["waiting"]) == (5, 5, 0, 0)

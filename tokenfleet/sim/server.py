@@ -638,6 +638,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 async def handle_sim_stats(request: web.Request) -> web.Response:
+    if request.query.get("totals") == "1":  # cheap enough to read ten times a second in a long run
+        return json_response(request.app[ENGINE_KEY].totals())
     raw = request.query.get("prefix_len", str(DEFAULT_STATS_PREFIX_LEN))
     if not raw.isdigit():
         return json_response(schema_error("prefix_len must be a non-negative integer").body, status=400)
