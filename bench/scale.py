@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -753,6 +754,8 @@ def main() -> int:
     )
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    # A bench stopped with kill unwinds like ^C: its Redis, simulator and workers stop with it.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     print(f"machine: {machine()}", file=sys.stderr)
     version = subprocess.run([args.redis_server, "--version"], capture_output=True, text=True).stdout
     print(f"redis: {args.redis_server}: {version.strip()}", file=sys.stderr)
