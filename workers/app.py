@@ -8,18 +8,22 @@ the wire, no result backend (the ledger and the output files are the record), ta
 
 from __future__ import annotations
 
+import logging
+
 from celery import Celery
 
 from workers.broker_clients import reuse_broker_clients
 from workers.messages import GENERATE_GROUP_TASK, GENERATE_TASK, QUEUE_NAME
 from workers.settings import DEFAULT_CONCURRENCY, WorkerSettings
 
+log = logging.getLogger(__name__)
 settings = WorkerSettings.from_env()
 
 
 def make_app(broker_url: str, visibility_timeout_s: float = settings.visibility_timeout_s) -> Celery:
     """A Celery app on ``broker_url`` with the fleet's settings (workers, and producers that publish)."""
-    reuse_broker_clients()
+    if not reuse_broker_clients():
+        log.warning("kombu's Redis channel has no conn_or_acquire: broker commands build a client each")
     app = Celery("tokenfleet", broker=broker_url, include=["workers.tasks"])
     app.conf.update(
         task_serializer="json",

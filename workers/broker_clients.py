@@ -36,7 +36,7 @@ def reuse_broker_clients() -> bool:
     """Install the per-channel client on kombu's Redis channel (once; every app in the process shares
     it). False, and nothing changed, when kombu no longer has the method this replaces."""
     channel = kombu_redis.Channel
-    if channel.conn_or_acquire is _conn_or_acquire:
+    if getattr(channel, "conn_or_acquire", None) is _conn_or_acquire:
         return True
     if not callable(getattr(channel, "conn_or_acquire", None)) or not callable(
         getattr(channel, "_create_client", None)

@@ -257,6 +257,9 @@ def test_revoking_a_dataset_drops_10000_queued_tasks_within_5_seconds_and_keeps_
     assert (kept.queued, kept.pending) == (100, 0)
 
 
+STAMPED_ROWS = 3000
+
+
 def test_revoking_by_stamped_header_with_the_celery_cli_revokes_the_dataset_in_the_ledger(
     workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, slow_sim: Sim, tmp_path: Path
 ) -> None:
@@ -266,7 +269,9 @@ def test_revoking_by_stamped_header_with_the_celery_cli_revokes_the_dataset_in_t
         redis_url=fleet_redis_url,
         servers=[slow_sim.url],
         datasets=[
-            {"name": stamped, "rows": token_rows(300, seed=11)},
+            # more than the fleet runs while the celery command starts (300 samples took about 3 s, as
+            # long as the command, and the revoke found nothing left to drop)
+            {"name": stamped, "rows": token_rows(STAMPED_ROWS, seed=11)},
             {"name": other, "rows": token_rows(200, seed=12), "max_samples": 30},
         ],
         # one sample per message: many messages wait in the queue for a task thread (each process holds
@@ -296,7 +301,7 @@ def test_revoking_by_stamped_header_with_the_celery_cli_revokes_the_dataset_in_t
 
     wait_until(lambda: fleet_ledger.snapshot(stamped).state == "revoked", what="the ledger to say revoked")
     assert run.wait() == 0
-    assert fleet_ledger.snapshot(stamped).samples < 300
+    assert fleet_ledger.snapshot(stamped).samples < STAMPED_ROWS
     assert fleet_ledger.snapshot(other).samples == 30
 
 

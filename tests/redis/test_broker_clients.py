@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import redis
 from kombu import Consumer, Exchange, Producer, Queue
+from kombu.transport import redis as kombu_redis
 
 from workers.app import make_app
+from workers.broker_clients import reuse_broker_clients
 
 pytestmark = pytest.mark.redis
 
@@ -74,3 +76,11 @@ def test_a_channel_whose_pool_is_replaced_takes_a_client_of_the_new_pool(
         with channel.conn_or_acquire(given) as passed:  # a client passed in is used as it is
             assert passed is given
         given.close()
+
+
+def test_a_kombu_without_the_method_replaced_is_left_alone_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(kombu_redis.Channel, "conn_or_acquire")
+    assert reuse_broker_clients() is False
+    assert not hasattr(kombu_redis.Channel, "conn_or_acquire")
