@@ -65,6 +65,11 @@ def sim_stats(url: str) -> dict[str, Any]:
 TOTALS: Final = "/sim/stats?totals=1"
 
 
+def sim_generated_tokens(url: str) -> int:
+    """The simulator's generated-token count, from its counters alone (``TOTALS``)."""
+    return int(httpx.get(url + TOTALS, timeout=10).json()["generated_tokens"])
+
+
 class TokenTimeline:
     """The simulator's generated-token count, read every ``every_s`` while a run goes on: the same
     instrument for both sides of a paired run, so their start, steady rate and end compare fairly."""
@@ -78,7 +83,7 @@ class TokenTimeline:
 
     def __enter__(self) -> TokenTimeline:
         self.started = time.monotonic()
-        self._base = int(httpx.get(self.url + TOTALS, timeout=10).json()["generated_tokens"])
+        self._base = sim_generated_tokens(self.url)
         self._thread.start()
         return self
 
@@ -86,8 +91,7 @@ class TokenTimeline:
         self.ended = time.monotonic()
         self._stop.set()
         self._thread.join()
-        tokens = int(httpx.get(self.url + TOTALS, timeout=10).json()["generated_tokens"])
-        self.points.append((self.ended, tokens - self._base))
+        self.points.append((self.ended, sim_generated_tokens(self.url) - self._base))
 
     def _run(self) -> None:
         with httpx.Client(timeout=10) as client:

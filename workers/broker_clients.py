@@ -36,11 +36,10 @@ def reuse_broker_clients() -> bool:
     """Install the per-channel client on kombu's Redis channel (once; every app in the process shares
     it). False, and nothing changed, when kombu no longer has the method this replaces."""
     channel = kombu_redis.Channel
-    if getattr(channel, "conn_or_acquire", None) is _conn_or_acquire:
+    current = getattr(channel, "conn_or_acquire", None)
+    if current is _conn_or_acquire:
         return True
-    if not callable(getattr(channel, "conn_or_acquire", None)) or not callable(
-        getattr(channel, "_create_client", None)
-    ):
+    if not callable(current) or not callable(getattr(channel, "_create_client", None)):
         return False
     channel.conn_or_acquire = _conn_or_acquire  # type: ignore[method-assign]
     return True
