@@ -127,6 +127,13 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             "version": mine,
         }
         sys.stdout.write(orjson.dumps(body).decode() + "\n")
+    elif args.watch and not console.is_terminal:
+        # Into a pipe or a file (rich's Live would show nothing until the end): a view every interval.
+        while True:
+            console.print(view())
+            console.print()
+            console.file.flush()
+            time.sleep(args.interval)
     elif args.watch:
         # Redrawn in place; each draw fits the terminal's width at that moment (resizing included).
         with Live(view(), console=console, refresh_per_second=4, screen=False) as live:
@@ -505,7 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write(f"  {line}\n")
         return EXIT_INTERRUPTED if e.reason == "interrupted" else EXIT_UNSETTLED
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted: nothing is lost; run the same command again to resume\n")
+        if args.func is cmd_status:  # it only reads: nothing to resume
+            sys.stderr.write("interrupted\n")
+        else:
+            sys.stderr.write("interrupted: nothing is lost; run the same command again to resume\n")
         return EXIT_INTERRUPTED
     return EXIT_USAGE
 

@@ -92,8 +92,8 @@ def test_the_fault_matrix_scenario_end_to_end_exports_every_sample_once(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Two datasets of 400; 4 s in every worker is SIGKILLed and restarted; 6 s in submit is SIGKILLed;
-    submit is run again."""
+    """Two datasets of 400; 2 s into generation every worker is SIGKILLed and restarted; 4 s in submit is
+    SIGKILLed; submit is run again."""
     fleet = private_fleet()
     for w in ("a", "b"):
         fleet.start_worker(w)
@@ -107,15 +107,21 @@ def test_the_fault_matrix_scenario_end_to_end_exports_every_sample_once(
         datasets=[{"name": nm, "rows": token_rows(400, seed=i)} for i, nm in enumerate(names)],
     )
     ledger = fleet.ledger()
-    started = time.monotonic()
     first: subprocess.Popen[bytes] = submit_process(config, "--window", "64")
-    time.sleep(max(0.0, started + 4.0 - time.monotonic()))
+
+    def generating() -> bool:  # counted from here, not from submit's start (its imports take seconds)
+        known = set(ledger.datasets())
+        return all(nm in known for nm in names) and sum(ledger.snapshot(nm).samples for nm in names) >= 16
+
+    wait_until(generating, what="both datasets generating")
+    started = time.monotonic()
+    time.sleep(2.0)
     for w in ("a", "b"):
         fleet.workers[w].send_signal(signal.SIGKILL)
         fleet.workers[w].wait()
     for w in ("a2", "b2"):
         fleet.start_worker(w)
-    time.sleep(max(0.0, started + 6.0 - time.monotonic()))
+    time.sleep(max(0.0, started + 4.0 - time.monotonic()))
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert any(ledger.snapshot(nm).samples < 400 for nm in names)  # the faults struck mid-run

@@ -46,6 +46,7 @@ class Recorder:
     stall_s: float = 0.0  # a stream stops this long after its first chunk (an abort does not end it)
     chunks: list[bytes] | None = None  # raw SSE events to stream instead of the planned answer
     aborts: list[str] = field(default_factory=list)
+    closed: int = 0  # connections the server has closed
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -112,8 +113,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class _QuietServer(http.server.ThreadingHTTPServer):
+    recorder: Recorder
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that hung up mid-stream is what some tests do
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        self.recorder.closed += 1
 
 
 @contextmanager
@@ -121,6 +128,7 @@ def serving(tls: ssl.SSLContext | None = None) -> Iterator[tuple[str, Recorder]]
     recorder = Recorder()
     handler = type("Handler", (_Handler,), {"recorder": recorder})
     httpd = _QuietServer(("127.0.0.1", free_port()), handler)
+    httpd.recorder = recorder
     if tls is not None:
         httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -221,9 +229,12 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(
     url, recorder = server
     recorder.close_after_answer = True  # closes without "Connection: close": only the socket tells
     w = Wire()
-    for _ in range(3):
+    for n in range(1, 4):
         post(w, url, BODY)
-        time.sleep(0.05)  # the server's close reaches us
+        deadline = time.monotonic() + 10
+        while recorder.closed < n:  # the server has closed it (its close then reaches us at once)
+            assert time.monotonic() < deadline, "the server never closed the connection"
+            time.sleep(0.005)
     assert len({s.port for s in recorder.seen}) == 3
     w.close()
 
