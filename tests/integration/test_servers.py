@@ -4,6 +4,7 @@ servers saw is read from each simulator's ``/sim/stats``."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import subprocess
 import sys
@@ -272,9 +273,7 @@ def test_a_killed_workers_slots_expire_and_the_surviving_worker_takes_their_plac
     held = after_kill[0][1]
     phantom = [running for running, victims in after_kill if victims == held]
     expired_after_s = (max(held_at_kill.values()) - kill_ms) / 1000
-    gaps = [
-        b[0] - a[0] for a, b in zip(sampler.samples, sampler.samples[1:], strict=False) if b[0] > killed_at
-    ]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(sampler.samples) if b[0] > killed_at]
     print(
         f"victim held {held} slots, expiring {expired_after_s:.2f} s after the kill, "
         f"gone after {gone_s:.2f} s; running meanwhile {max(phantom)}; "
