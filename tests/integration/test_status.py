@@ -92,8 +92,8 @@ def test_status_rates_and_eta_match_a_run_with_known_rates(
         figures["eta_budget_s"]
     )  # the budget comes before the source ends
     assert figures["eta_budget_s"] == pytest.approx(left / figures["tokens_per_s"], rel=0.01)
-    # What the ETA divides is right: the tokens it says are left are the ones the server generated after,
-    # never fewer (truncate: nothing past the budget), a little more (5% here) where the generations in
+    # What the ETA divides is right: the tokens it says are left are the ones the server generated after:
+    # never more (truncate: nothing past the budget), a little fewer (5% here) where the generations in
     # flight had generated more than they had reported yet.
     assert 0.85 * left <= generated_after <= 1.01 * left
     # ... and the run ended about when it said. Loosely: the rate it divides by is the past's, and a shared
