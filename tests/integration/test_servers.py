@@ -154,27 +154,28 @@ def test_generations_go_to_the_server_with_the_fewest_in_flight_so_faster_server
 ) -> None:
     # Two fast servers and one four times slower, each taking 8 at once (workers hold twice that ready).
     # Least-in-flight keeps as many generations on each (round robin would too), so a server's share
-    # follows its speed (round robin's would not).
-    sims = [sim_factory(step_time_s=s, output_len_mean=100.0) for s in (0.002, 0.002, 0.008)]
+    # follows its speed (round robin's would not). Steps of 5 and 20 ms: the simulators share the test's
+    # process, and at 2 ms a loaded machine's CPU, not the step, set the fast ones' pace.
+    sims = [sim_factory(step_time_s=s, output_len_mean=100.0) for s in (0.005, 0.005, 0.02)]
     name = unique("balanced")
     config = configure(
         tmp_path,
         fleet_redis_url,
         [s.url for s in sims],
-        [{"name": name, "rows": token_rows(480, seed=7)}],
+        [{"name": name, "rows": token_rows(360, seed=7)}],
         cap=8,
     )
 
     with Sampler(sims) as sampler:
         assert submit(config, "--no-server-check") == 0
 
-    assert len(export(fleet_ledger, name, tmp_path)) == 480
+    assert len(export(fleet_ledger, name, tmp_path)) == 360
     requests = [s.stats()["requests"] for s in sims]
     busy = [sample[1] for sample in sampler.samples if sum(sample[1]) >= 12]
     spread = [max(r) - min(r) for r in busy]
     mean_running = [statistics.mean(r[i] for r in busy) for i in range(3)]
     print(f"requests {requests}; mean running {mean_running}; mean spread {statistics.mean(spread):.2f}")
-    assert sum(requests) == 480
+    assert sum(requests) == 360
     assert min(requests[0], requests[1]) >= 2.5 * requests[2]
     assert abs(requests[0] - requests[1]) <= 0.35 * (requests[0] + requests[1]) / 2  # the two fast ones alike
     assert len(busy) >= 50
