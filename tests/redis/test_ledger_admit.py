@@ -5,19 +5,17 @@ Lease expiry uses a lease of 50 ms and a sleep of 100 ms (the scripts read Redis
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 
 from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
 from tests.support.ledger import (
     DS,
-    EXPIRE_S,
     MAX_NEW,
     SHORT_MS,
     SPEC,
     commit_new,
+    expire_short_leases,
     lease,
     make,
     owner,
@@ -159,7 +157,7 @@ def test_admit_reclaims_expired_leases_before_deciding(ledger: Ledger, redis_cli
     lease(ledger, "s1", "dead", lease_ms=SHORT_MS)
     report_live(ledger, "s1", "dead", 7, lease_ms=SHORT_MS)
     assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
 
     # the dead worker's slot is taken back, so s2 fits under max_samples now
     lease(ledger, "s2", "a")
@@ -187,7 +185,7 @@ def test_a_redelivered_sample_whose_lease_expired_is_admitted_for_the_new_attemp
 ) -> None:
     make(ledger)
     lease(ledger, "s1", "dead", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
 
     lease(ledger, "s1", "a2")
 
@@ -507,7 +505,7 @@ def test_progress_says_lost_after_the_lease_expired_and_was_reclaimed(
     make(ledger)
     lease(ledger, "s1", lease_ms=SHORT_MS)
     report_live(ledger, "s1", "a1", 5, lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "other")  # any admit reclaims expired leases
 
     assert progress(ledger, "s1", "a1") is Progress.LOST
@@ -520,7 +518,7 @@ def test_progress_says_lost_after_the_lease_expired_and_was_reclaimed(
 def test_progress_says_lost_to_the_old_attempt_once_a_new_one_holds_the_lease(ledger: Ledger) -> None:
     make(ledger)
     lease(ledger, "s1", "old", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "s1", "new")
 
     assert progress(ledger, "s1", "old") is Progress.LOST
@@ -539,7 +537,7 @@ def test_progress_renews_the_lease(ledger: Ledger) -> None:
     lease(ledger, "s1", lease_ms=SHORT_MS)
 
     progress(ledger, "s1", "a1", lease_ms=60_000)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
 
     assert ledger.reclaim(DS) == 0
     assert ledger.snapshot(DS).inflight == 1
@@ -549,7 +547,7 @@ def test_progress_after_expiry_but_before_any_reclaim_keeps_the_lease(ledger: Le
     # progress.lua says lost only once the lease was reclaimed; until then the owner renews it
     make(ledger)
     lease(ledger, "s1", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
 
     assert progress(ledger, "s1", "a1", lease_ms=60_000) is Progress.CONTINUE
     assert ledger.reclaim(DS) == 0
@@ -564,7 +562,7 @@ def test_renew_keeps_a_lease_alive_past_its_first_expiry(ledger: Ledger) -> None
     lease(ledger, "s1", lease_ms=SHORT_MS)
 
     assert ledger.renew(DS, "s1", "a1", lease_ms=60_000) is True
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
 
     assert ledger.reclaim(DS) == 0
     assert ledger.admit(DS, "s1", "a2").admission is Admission.LEASED
@@ -576,7 +574,7 @@ def test_renew_fails_for_an_attempt_that_does_not_hold_the_lease(ledger: Ledger)
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
     assert ledger.renew(DS, "s1", "a2") is False
 
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     assert ledger.reclaim(DS) == 1
 
     assert ledger.renew(DS, "s1", "a1") is False
@@ -624,7 +622,7 @@ def test_renew_many_with_live_tokens_unknown_renews_and_leaves_them(
     report_live(ledger, "s1", "a1", 12, lease_ms=SHORT_MS)
 
     assert ledger.renew_many(DS, [("s1", "a1", None)], lease_ms=60_000) == [True]
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
 
     assert ledger.reclaim(DS) == 0
     assert redis_client.hget(ledger.keys_of(DS).live_hash, "s1") == "12"

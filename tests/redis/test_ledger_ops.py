@@ -22,9 +22,9 @@ from budget.ledger import RATE_WINDOW_S, WORKER_SEEN_WITHIN_S
 from producer.source import Sample
 from tests.support.ledger import (
     DS,
-    EXPIRE_S,
     SHORT_MS,
     commit_new,
+    expire_short_leases,
     keys,
     lease,
     make,
@@ -172,7 +172,7 @@ def test_a_duplicate_give_up_by_the_lease_holder_still_drops_its_lease(
 ) -> None:
     make(ledger)
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "s1", "a2")  # redelivered after a1's lease expired; a1 is still running
     report_live(ledger, "s1", "a2", 6)
     assert ledger.commit(DS, "s1", "a1", 9) is CommitOutcome.COMMITTED
@@ -189,7 +189,7 @@ def test_give_up_by_an_attempt_that_lost_the_lease_keeps_the_new_holders_lease(
 ) -> None:
     make(ledger)
     lease(ledger, "s1", "old", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "s1", "new")
     report_live(ledger, "s1", "new", 6)
 
@@ -218,7 +218,7 @@ def test_give_up_of_a_sample_that_already_failed_for_good_leaves_it_failed_and_n
     lease(ledger, "s1", "a1")
     assert ledger.give_up(DS, "s1", "a1", "HTTP 503", max_strikes=2) == "pending"
     lease(ledger, "s1", "a2", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "s1", "a3")  # redelivered after a2's lease expired; a2 is still running
     assert ledger.give_up(DS, "s1", "a3", "HTTP 503", max_strikes=2) == "failed"
 

@@ -5,18 +5,16 @@ Lease expiry uses a lease of 50 ms and a sleep of 100 ms (the scripts read Redis
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 
 from budget import Admission, CommitItem, CommitOutcome, DatasetState, Ledger
 from tests.support.ledger import (
     DS,
-    EXPIRE_S,
     MAX_NEW,
     SHORT_MS,
     commit_new,
+    expire_short_leases,
     lease,
     make,
     owner,
@@ -53,7 +51,7 @@ def test_commit_is_exactly_once_when_two_attempts_commit_the_same_sample(ledger:
     make(ledger)
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
     report_live(ledger, "s1", "a1", 10, lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "s1", "a2")  # redelivered after a1's lease expired; a1 is still running
     report_live(ledger, "s1", "a2", 12)
 
@@ -70,7 +68,7 @@ def test_commit_is_exactly_once_when_two_attempts_commit_the_same_sample(ledger:
 def test_a_duplicate_commit_by_the_lease_holder_drops_its_lease(ledger: Ledger) -> None:
     make(ledger)
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "s1", "a2")
     report_live(ledger, "s1", "a2", 4)
 
@@ -146,7 +144,7 @@ def test_commit_past_max_samples_is_over_limit_and_not_counted(
 def test_commit_clears_the_sample_from_pending(ledger: Ledger, redis_client: redis.Redis) -> None:
     make(ledger)
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     assert ledger.reclaim(DS) == 1
     assert pending(redis_client) == {"s1": "lease_expired"}
 
@@ -320,7 +318,7 @@ def test_every_end_of_an_attempt_gives_its_reservation_back_to_the_budget(
     elif end == "give_up":
         ledger.give_up(DS, "s1", "a1", "HTTP 503", wasted_tokens=9)
     else:
-        time.sleep(EXPIRE_S)
+        expire_short_leases(ledger.client)
         assert ledger.reclaim(DS) == 1
 
     assert reservations(redis_client) == {"s2": 30}
@@ -428,7 +426,7 @@ def test_release_by_an_attempt_that_lost_the_lease_keeps_the_new_holders_lease(
 ) -> None:
     make(ledger)
     lease(ledger, "s1", "old", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "s1", "new")
     report_live(ledger, "s1", "new", 6)
 
@@ -451,7 +449,7 @@ def test_reclaim_returns_expired_leases_to_pending_and_counts_their_live_tokens_
     report_live(ledger, "dead1", "a1", 10, lease_ms=SHORT_MS)
     report_live(ledger, "dead2", "a1", 5, lease_ms=SHORT_MS)
     report_live(ledger, "alive", "a1", 7)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
 
     assert ledger.reclaim(DS) == 2
 
@@ -483,7 +481,7 @@ def test_reclaim_gives_back_the_budget_reserved_by_a_dead_worker(
     make(ledger, token_budget=100)
     assert lease(ledger, "s1", lease_ms=SHORT_MS, want=100) == 100
     assert ledger.enqueue(DS, ["s2"], window=10) == [-3]
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
 
     assert ledger.reclaim(DS) == 1
 
@@ -496,10 +494,10 @@ def test_reclaim_gives_back_the_budget_reserved_by_a_dead_worker(
 def test_reclaim_does_not_make_a_committed_sample_pending(ledger: Ledger) -> None:
     make(ledger)
     lease(ledger, "s1", "a1", lease_ms=SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(ledger.client)
     lease(ledger, "s1", "a2", lease_ms=SHORT_MS)  # redelivered; a1 still running
     assert ledger.commit(DS, "s1", "a1", 5) is CommitOutcome.COMMITTED  # a1 finishes first
-    time.sleep(EXPIRE_S)  # a2's worker dies
+    expire_short_leases(ledger.client)  # a2's worker dies
 
     assert ledger.reclaim(DS) == 1
 

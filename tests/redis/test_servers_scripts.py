@@ -13,13 +13,12 @@ import redis
 
 from budget.keys import SERVERS_SEEN_ZSET, server_keys
 from budget.server_board import RATE_WINDOW_S, ServerLedger, ServerOutcome
+from tests.support.ledger import SHORT_MS, expire_short_leases
 
 pytestmark = pytest.mark.redis
 
 A, B, C = "http://a:30000", "http://b:30000", "http://c:30000"
 LEASE_MS = 60_000
-SHORT_MS = 50
-EXPIRE_S = 0.1
 THRESHOLD = 3
 PROBE_MS = 200
 
@@ -104,7 +103,7 @@ def test_an_expired_slot_is_dropped_by_the_next_pick(board: ServerLedger) -> Non
     board.acquire([A], [1], "dead-worker", SHORT_MS)
     assert board.acquire([A], [1], "waiting", LEASE_MS).url is None
 
-    time.sleep(EXPIRE_S)
+    expire_short_leases(board.client)
 
     assert board.status([A])[0].inflight == 0  # status does not count it either
     got = board.acquire([A], [1], "waiting", LEASE_MS)
@@ -186,7 +185,7 @@ def test_renewing_keeps_a_slot_past_its_lease_and_a_dropped_slot_is_not_taken_ag
     board.acquire([A], [2], "dropped", SHORT_MS)
     assert board.renew([(A, "renewed")], LEASE_MS) == [True]
 
-    time.sleep(EXPIRE_S)
+    expire_short_leases(board.client)
     board.acquire([A], [2], "newcomer", LEASE_MS)  # drops the expired slot
 
     assert board.renew([(A, "renewed"), (A, "dropped")], LEASE_MS) == [True, False]
@@ -196,7 +195,7 @@ def test_renewing_keeps_a_slot_past_its_lease_and_a_dropped_slot_is_not_taken_ag
 
 def test_an_expired_slot_that_no_pick_dropped_yet_can_still_be_renewed(board: ServerLedger) -> None:
     board.acquire([A], [1], "slow-renewal", SHORT_MS)
-    time.sleep(EXPIRE_S)
+    expire_short_leases(board.client)
 
     assert board.renew([(A, "slow-renewal")], LEASE_MS) == [True]
     assert board.acquire([A], [1], "other", LEASE_MS).url is None

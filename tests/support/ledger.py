@@ -7,7 +7,7 @@ from typing import Any
 import redis
 
 from budget import Admission, CommitOutcome, DatasetLimits, Ledger, Progress
-from budget.keys import DatasetKeys, dataset_keys
+from budget.keys import DatasetKeys, dataset_keys, server_keys
 
 DS = "ds"
 #: The dataset's max_new_tokens (``SPEC["sampling"]``): what admit reserves for a generation that asks
@@ -17,10 +17,28 @@ SPEC: dict[str, Any] = {
     "servers": ["http://gen:30000"],
     "sampling": {"temperature": 0.7, "max_new_tokens": MAX_NEW},
 }
-#: A lease short enough to expire in a test, and a sleep long enough to see it expired (the scripts
-#: read Redis's own clock).
-SHORT_MS = 50
-EXPIRE_S = 0.1
+#: A lease a test ends by hand (``expire_short_leases``), long enough that no pause of a loaded machine
+#: ends it first: a 50 ms lease a test slept past left a test process paused 50 ms between two calls
+#: finding it gone.
+SHORT_MS = 5_000
+
+
+def expire_short_leases(client: redis.Redis) -> int:
+    """Make every sample lease and server slot due within twice ``SHORT_MS`` expired a millisecond ago, on
+    Redis's clock (the scripts read it); the long ones (60 s) are left alone. Returns how many."""
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    keys = [
+        *client.scan_iter(match=dataset_keys("*").lease_zset),
+        *client.scan_iter(match=server_keys("*").slots_zset),
+    ]
+    expired = 0
+    for key in keys:
+        due = client.zrangebyscore(key, "-inf", now_ms + 2 * SHORT_MS)
+        if due:
+            client.zadd(key, dict.fromkeys(due, now_ms - 1))
+            expired += len(due)
+    return expired
 
 
 def make(
