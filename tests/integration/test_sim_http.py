@@ -537,8 +537,9 @@ def test_64_concurrent_streams_finish_in_about_their_step_budget() -> None:
         elapsed = asyncio.run(scenario(url))
     budget = tokens * step_s
     # Batched: about the budget (0.9 s measured; each step's CPU adds to its sleep on a loaded machine).
-    # One stream after another would take 64 budgets (51 s), so 6 leaves room and still tells them apart.
-    assert budget * 0.9 < elapsed < budget * 6
+    # One stream after another would take 64 budgets (51 s); 16 tells them apart and leaves room for a
+    # loaded machine (the client and the simulator share this process's CPU).
+    assert budget * 0.9 < elapsed < budget * 16
 
 
 def test_every_config_field_has_a_cli_flag() -> None:
