@@ -78,15 +78,14 @@ def test_status_rates_and_eta_match_a_run_with_known_rates(
     final = fleet_ledger.snapshot(name)
     generated_after = sim.stats()["generated_tokens"] - generated_at_status
     left = budget - figures["tokens"] - figures["live_tokens"]
-    with capsys.disabled():
-        print(
-            f"status: {figures['tokens_per_s']:.0f} tok/s (simulator {measured:.0f}), {left} tokens left "
-            f"(simulator: {generated_after} generated after), ETA {figures['eta_s']:.1f} s, "
-            f"ended {ended - predicted_end:+.1f} s from it"
-        )
+    seen = (
+        f"status: {figures['tokens_per_s']:.0f} tok/s (simulator {measured:.0f}), {left} tokens left "
+        f"(simulator: {generated_after} generated after), ETA {figures['eta_s']:.1f} s, "
+        f"ended {ended - predicted_end:+.1f} s from it"
+    )
 
     assert measured > 500  # the run was really going
-    assert figures["tokens_per_s"] == pytest.approx(measured, rel=0.3)
+    assert figures["tokens_per_s"] == pytest.approx(measured, rel=0.3), seen
     assert figures["samples_per_s"] == pytest.approx(figures["tokens_per_s"] / 101, rel=0.15)
     assert figures["eta_s"] == pytest.approx(
         figures["eta_budget_s"]
@@ -95,11 +94,11 @@ def test_status_rates_and_eta_match_a_run_with_known_rates(
     # What the ETA divides is right: the tokens it says are left are the ones the server generated after:
     # never more (truncate: nothing past the budget), a little fewer (5% here) where the generations in
     # flight had generated more than they had reported yet.
-    assert 0.85 * left <= generated_after <= 1.01 * left
+    assert 0.85 * left <= generated_after <= 1.01 * left, seen
     # ... and the run ended about when it said. Loosely: the rate it divides by is the past's, and a shared
     # machine's speed changes within seconds (the tail, where reservations hold part of the budget, runs
     # below full concurrency too).
-    assert ended == pytest.approx(predicted_end, abs=max(3.0, 0.6 * figures["eta_s"]))
+    assert ended == pytest.approx(predicted_end, abs=max(3.0, 0.6 * figures["eta_s"])), seen
     # truncate: every generation is capped at its reservation of the budget, so nothing is expected past it
     assert figures["projected_overshoot_tokens"] == 0
     assert final.state == "exhausted"
