@@ -20,6 +20,7 @@ from budget.urls import redis_url_from_env
 from producer.source import SourceError
 from tokenfleet import __version__
 from tokenfleet.config import ConfigError, load_config, redact_url
+from tokenfleet.entry import EXIT_INTERRUPTED
 from tokenfleet.export import EXPORT_FORMATS, ExportReport
 from tokenfleet.status_view import fleet_view, snapshot_json, status_table, workers_json
 
@@ -29,7 +30,6 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 #: submit stopped before every dataset settled (no progress and no worker online); it says what is left.
 EXIT_UNSETTLED = 3
-EXIT_INTERRUPTED = 130
 
 
 def _redis_url(args: argparse.Namespace) -> str:
