@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-#: The exit code of a command stopped by Ctrl-C (128 + SIGINT), as ``tokenfleet.cli.EXIT_INTERRUPTED``.
+#: The exit code of a command stopped by Ctrl-C (128 + SIGINT), whenever it comes.
 EXIT_INTERRUPTED = 130
 
 
