@@ -65,9 +65,11 @@ def sim_stats(url: str) -> dict[str, Any]:
 TOTALS: Final = "/sim/stats?totals=1"
 
 
-def sim_generated_tokens(url: str) -> int:
-    """The simulator's generated-token count, from its counters alone (``TOTALS``)."""
-    return int(httpx.get(url + TOTALS, timeout=10).json()["generated_tokens"])
+def sim_generated_tokens(url: str, client: httpx.Client | None = None) -> int:
+    """The simulator's generated-token count, from its counters alone (``TOTALS``); through ``client``
+    when given (a reader that asks often keeps its connection)."""
+    reply = client.get(url + TOTALS) if client is not None else httpx.get(url + TOTALS, timeout=10)
+    return int(reply.json()["generated_tokens"])
 
 
 class TokenTimeline:
@@ -96,7 +98,7 @@ class TokenTimeline:
     def _run(self) -> None:
         with httpx.Client(timeout=10) as client:
             while not self._stop.wait(self.every_s):
-                tokens = int(client.get(self.url + TOTALS).json()["generated_tokens"])
+                tokens = sim_generated_tokens(self.url, client)
                 self.points.append((time.monotonic(), tokens - self._base))
 
     def _crossing(self, tokens: float) -> float:

@@ -68,6 +68,11 @@ def configure(
 FAST_RETRY = "\n[retry]\nmax_attempts = 5\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.2\n"
 
 
+def holder_of(token: str) -> str:
+    """The ``host:pid`` of the worker process holding a slot (its token is ``host:pid:id``)."""
+    return str(token).rsplit(":", 1)[0]
+
+
 class Sampler:
     """Reads every simulator's ``/sim/stats`` every few ms while a run goes on, then the slots in Redis."""
 
@@ -110,7 +115,7 @@ class Sampler:
                             server_keys(s.url).slots_zset, 0, -1, withscores=True
                         )
                         for token, expiry in slots:
-                            holder = str(token).rsplit(":", 1)[0]
+                            holder = holder_of(token)
                             self.holders.add(holder)
                             if holder.endswith(f":{self.victim_pid}"):
                                 victims += 1
@@ -259,9 +264,7 @@ def test_a_killed_workers_slots_expire_and_the_surviving_worker_takes_their_plac
                 killed_at = time.monotonic()
                 kill_ms = board.now_ms()  # Redis's clock, the one a slot's expiry (its score) is on
                 slots = board.client.zrange(server_keys(sim.url).slots_zset, 0, -1, withscores=True)
-                held_at_kill = {
-                    str(t): e for t, e in slots if str(t).rsplit(":", 1)[0].endswith(f":{victim.pid}")
-                }
+                held_at_kill = {str(t): e for t, e in slots if holder_of(t).endswith(f":{victim.pid}")}
                 gone_s = wait_until(lambda: sampler.samples[-1][3] == 0, "the victim's slots to expire")
                 wait_until(lambda: sampler.samples[-1][1][0] == cap, "the survivor to fill the cap", 5)
         finally:
