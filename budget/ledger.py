@@ -480,6 +480,19 @@ class Ledger:
         return AdmitResult(admission, group.state, group.spec if admission is Admission.OK else None, cap)
 
     @_translate_errors
+    def extend_many(self, name: str, asks: Sequence[tuple[str, str, int]]) -> list[int]:
+        """Ask more of the budget for generations whose streams near their grants, in one call: each
+        ``(sample_id, attempt, more)``, ``more`` the most tokens its generation may still produce. Returns,
+        per ask, its grant after the call (unchanged: none to give now; 0: the lease is no longer this
+        attempt's). See ``budget/lua/extend.lua``."""
+        if not asks:
+            return []
+        args: list[Any] = []
+        for sid, attempt, more in asks:
+            args += [sid, attempt, max(0, int(more))]
+        return [int(x) for x in self._call("extend", name, args)]
+
+    @_translate_errors
     def progress(
         self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS
     ) -> tuple[Progress, str]:

@@ -38,6 +38,7 @@ SCRIPT_KEYS: Final[Mapping[str, tuple[str, ...] | None]] = {
         "pending",
         "failed",
     ),
+    "extend": ("ledger", "leases", "owners", "reserved"),
     "progress": ("ledger", "leases", "owners"),
     "stop_check": ("ledger",),
     "output_problem": ("ledger",),

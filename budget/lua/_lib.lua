@@ -16,9 +16,12 @@
 --   live_tokens       tokens generated so far by in-flight attempts (sum of the live hash; workers report
 --                     them every few seconds: for status only, never for a budget decision)
 --   reserved_tokens   tokens reserved by in-flight attempts under a token budget (sum of the reserved
---                     hash): each generation is sent with max_new_tokens at most its reservation, so
---                     committed + discarded + reserved never exceeds the budget (reservations, below)
---   max_new_tokens    the dataset's max_new_tokens (discard reserves it whole for every generation)
+--                     hash: their grants): committed + discarded + reserved never exceeds the budget
+--                     (reservations, below)
+--   max_new_tokens    the dataset's max_new_tokens (the most one generation may want)
+--   overdrawn_tokens  tokens committed past their generations' grants (a stream that reached its grant
+--                     generates a step or two more before its abort lands): spent, but never reserved, so
+--                     a lowered budget is judged without them
 --   discarded_tokens  tokens generated and thrown away by the discard policy (spent budget)
 --   wasted_tokens     tokens generated and not committed for any reason (report only)
 --   reclaimed         leases that expired (a worker died) and were taken back
@@ -47,52 +50,70 @@ local function spent(ledger)
   return num(ledger, 'tokens') + num(ledger, 'discarded_tokens')
 end
 
--- Reservations. Under a token budget with policy truncate or discard, admit reserves tokens for each
--- generation and the worker sends it with max_new_tokens equal to its reservation, so the server itself
--- stops it there: committed + discarded + reserved <= budget holds at every moment, and no stream has to
--- be watched or aborted to keep the budget (no per-chunk ledger traffic). A finished generation gives
--- back what it did not use. truncate reserves min(max_new_tokens, what is left): the last generations
--- may be cut at the budget. discard reserves max_new_tokens whole, or nothing: no answer is ever cut, and
--- the budget counts as reached once less than max_new_tokens is left. drain reserves nothing and starts
--- a generation while committed + live + the expected rest of those running stay below the budget.
+-- Reservations (grants). Under a token budget with policy truncate or discard, every generation in flight
+-- holds a grant: tokens of the budget reserved for it (the reserved hash), never more in all than the
+-- budget has left, so committed + discarded + reserved <= budget at every moment. A grant is not the
+-- request's max_new_tokens: the request is sent with the dataset's own, and the worker watches its stream
+-- against its grant. Before the stream reaches its grant the worker asks for more (extend.lua); where the
+-- budget has none left, the worker aborts the request by its rid as it reaches its grant (truncate: the
+-- answer is kept, cut; discard: thrown away, counted as spent). A finished generation gives back what it
+-- did not use.
+-- Grants are sized so that every server slot stays busy until the budget is spent: a grant takes at most a
+-- 1/GRANT_SHARE share of what is unreserved per generation in flight, and at least GRANT_MIN where there
+-- is that much (or the generation's whole want, when smaller). Far from the end a grant is the whole
+-- max_new_tokens; near it, grants shrink with what is left, so what is held unused by the generations in
+-- flight stays a fraction of the budget left, and admission goes on until the budget is all granted. discard also admits a generation only while committed + live + the expected length
+-- of each generation in flight stay within the budget (an answer it starts is expected to end whole), and
+-- grants from the budget plus DISCARD_SLACK of it (whole answers may pass the budget by that much; one
+-- that would pass it further is thrown away).
+local GRANT_SHARE = 2
+local GRANT_MIN = 16
+local DISCARD_SLACK = 0.01
 
--- The smallest reservation a generation may start with under ``mode``, the dataset's max_new_tokens
--- being ``max_new`` (nil: no reservations).
-local function floor_of(mode, max_new)
-  if mode == 'discard' then return math.max(1, max_new) end
+-- The tokens a budget of ``budget`` may grant in all under ``mode``.
+local function grant_pool(mode, budget)
+  if mode == 'discard' then return budget + math.floor(budget * DISCARD_SLACK) end
+  return budget
+end
+
+-- The least budget a new generation needs under ``mode``, its dataset's max_new_tokens being ``max_new``
+-- (0: SGLang's default, 128) and ``mean`` the mean committed length (0: none yet): truncate, a token (its
+-- answer may be cut there); discard, an answer of the expected length whole; nil, drain: no grants.
+local function floor_of(mode, max_new, mean)
   if mode == 'drain' then return nil end
-  return 1
+  if mode ~= 'discard' then return 1 end
+  if not mean or mean <= 0 then mean = max_new end
+  if mean <= 0 then mean = 128 end
+  return math.max(1, math.ceil(mean))
+end
+
+local function mean_length(ledger)
+  local samples = num(ledger, 'samples')
+  if samples > 0 then return num(ledger, 'tokens') / samples end
+  return 0
 end
 
 local function reserve_floor(ledger, mode)
-  local max_new = 0
-  if mode == 'discard' then max_new = num(ledger, 'max_new_tokens') end
-  return floor_of(mode, max_new)
+  return floor_of(mode, num(ledger, 'max_new_tokens'), mean_length(ledger))
 end
 
--- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest reservation
--- ``floor`` left (nil, drain, which reserves nothing: no token left).
+-- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest grant
+-- ``floor`` left (nil, drain, which grants nothing: no token left).
 local function budget_reached(budget, spent_tokens, floor)
   return budget - spent_tokens < (floor or 1)
 end
 
--- The reservation for one more generation that wants ``want`` tokens, given ``left`` unreserved tokens
--- of the budget: 0 when it may not start now.
-local function reservation(mode, left, want)
-  if mode == 'discard' then
-    if left >= want then return want end
-    return 0
-  end
-  if left <= 0 then return 0 end
-  return math.min(want, left)
+-- A grant of up to ``want`` tokens, given ``left`` unreserved tokens of the pool and ``inflight``
+-- generations holding grants (0: none now).
+local function grant_size(left, inflight, want)
+  if want <= 0 or left <= 0 then return 0 end
+  local share = math.floor(left / (GRANT_SHARE * math.max(1, inflight)))
+  return math.min(want, left, math.max(share, GRANT_MIN))
 end
 
 -- drain only: what the expected rule reads, {committed, live, mean committed length, in flight}.
 local function drain_figures(ledger, leases)
-  local samples = num(ledger, 'samples')
-  local mean = 0
-  if samples > 0 then mean = num(ledger, 'tokens') / samples end
-  return {spent(ledger), num(ledger, 'live_tokens'), mean, redis.call('ZCARD', leases)}
+  return {spent(ledger), num(ledger, 'live_tokens'), mean_length(ledger), redis.call('ZCARD', leases)}
 end
 
 -- drain only: whether starting one more generation could not fit in the budget, with what the running
@@ -105,6 +126,21 @@ local function drain_full(figures, inflight, budget)
   return committed + live + expected >= budget
 end
 
+-- discard only: {committed + discarded + live, the length a generation is expected to have in all (the mean
+-- committed, max_new_tokens before any)}.
+local function discard_figures(ledger)
+  local mean = mean_length(ledger)
+  if mean <= 0 then mean = num(ledger, 'max_new_tokens') end
+  if mean <= 0 then mean = 128 end
+  return {spent(ledger) + num(ledger, 'live_tokens'), mean}
+end
+
+-- discard only: whether ``n`` generations in flight (the one to start included) could not be expected to
+-- end within the budget.
+local function discard_full(figures, n, budget)
+  return figures[1] + n * figures[2] > budget
+end
+
 local function drain_blocked(ledger, leases, budget)
   local figures = drain_figures(ledger, leases)
   return drain_full(figures, figures[4], budget)
@@ -115,13 +151,15 @@ local function budget_blocked(ledger, leases)
   local budget = limit(ledger, 'token_budget')
   if not budget then return false end
   local mode = redis.call('HGET', ledger, 'on_budget')
-  local floor = reserve_floor(ledger, mode)
-  if not floor then return drain_blocked(ledger, leases, budget) end
-  return budget - spent(ledger) - num(ledger, 'reserved_tokens') < floor
+  if mode == 'drain' then return drain_blocked(ledger, leases, budget) end
+  if mode == 'discard' and discard_full(discard_figures(ledger), redis.call('ZCARD', leases) + 1, budget) then
+    return true
+  end
+  return grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens') < 1
 end
 
--- Which committed limit is reached, or nil. Under discard the budget is reached once less than a whole
--- reservation (max_new_tokens) is left.
+-- Which committed limit is reached, or nil. The budget is reached once less than the least a new
+-- generation needs is left (floor_of).
 local function limit_reached(ledger)
   local budget = limit(ledger, 'token_budget')
   if budget then
@@ -232,5 +270,6 @@ end
 local function over_budget(ledger)
   local budget = limit(ledger, 'token_budget')
   if not budget or redis.call('HGET', ledger, 'on_budget') == 'drain' then return false end
-  return spent(ledger) + num(ledger, 'reserved_tokens') > budget
+  return spent(ledger) - num(ledger, 'overdrawn_tokens') + num(ledger, 'reserved_tokens')
+    > grant_pool(redis.call('HGET', ledger, 'on_budget'), budget)
 end

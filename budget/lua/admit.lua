@@ -11,8 +11,9 @@
 --   leased    another attempt holds the lease right now (a duplicate delivery); nothing to do
 --   paused | revoked | exhausted | limit    dropped without generation; the sample is pending again
 --   unknown   the dataset is not in this ledger
--- cap: for an admitted sample under a token budget (truncate, discard), the tokens reserved for it: its
--- generation must be sent with max_new_tokens at most this (see Reservations in _lib.lua); 0 otherwise.
+-- cap: for an admitted sample under a token budget (truncate, discard), its grant: the tokens of the
+-- budget reserved for it, which its stream must not pass unless extend.lua grants more (see Reservations
+-- in _lib.lua); 0 otherwise.
 local lease_ms = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 3
 local sids = {}
@@ -30,7 +31,7 @@ local is_done = redis.call('HMGET', done, unpack(sids))
 local is_failed = redis.call('HMGET', failed, unpack(sids))
 local leased = redis.call('ZMSCORE', leases, unpack(sids))
 
-local budget, mode, left, drain = nil, nil, 0, nil
+local budget, mode, left, drain, inflight, discard = nil, nil, 0, nil, 0, nil
 local max, taken = nil, 0
 if state == 'active' then
   budget = limit(ledger, 'token_budget')
@@ -39,7 +40,9 @@ if state == 'active' then
     if mode == 'drain' then
       drain = drain_figures(ledger, leases)
     else
-      left = budget - spent(ledger) - num(ledger, 'reserved_tokens')
+      left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
+      inflight = redis.call('ZCARD', leases)
+      if mode == 'discard' then discard = discard_figures(ledger) end
     end
   end
   max = limit(ledger, 'max_samples')
@@ -71,7 +74,12 @@ for i = 1, n do
     -- each generation admitted before it in this group runs too (as if admitted one at a time)
     if drain_full(drain, drain[4] + #ok_sids, budget) then verdict = 'limit' end
   elseif budget then
-    cap = reservation(mode, left, want)
+    -- each generation admitted before it in this group holds a grant too (as if admitted one at a time)
+    if discard and discard_full(discard, inflight + #ok_sids + 1, budget) then
+      cap = 0
+    else
+      cap = grant_size(left, inflight + #ok_sids + 1, want)
+    end
     if cap <= 0 then verdict = 'limit' else left = left - cap end
   end
   if verdict == 'ok' then

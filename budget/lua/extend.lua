@@ -1,0 +1,50 @@
+-- extend: generations whose streams near their grants ask for more of the budget (truncate, discard). One
+-- call covers a worker process's asks of one dataset that came together: its cost in Redis commands does
+-- not grow with their number.
+-- KEYS: ledger, leases, owners, reserved
+-- ARGV: for each ask: sid, attempt, more (the most tokens more its generation may still produce)
+-- Returns, per ask, the generation's grant after the call (its tokens of the budget in all): the same as
+-- before when the budget has none to give now, and 0 when this attempt no longer holds the lease (it was
+-- taken back: its generation must stop). A dataset without grants (no token budget, or drain) gives
+-- nothing: its generations never ask. Grants are sized as admit sizes them (grant_size in _lib.lua): at most
+-- a share of what is unreserved per generation in flight, so the last of the budget goes to many.
+local n = #ARGV / 3
+local sids = {}
+for i = 1, n do sids[i] = ARGV[3 * i - 2] end
+local f = redis.call('HMGET', ledger, 'state', 'token_budget', 'on_budget', 'tokens', 'discarded_tokens',
+  'reserved_tokens')
+local owner = redis.call('HMGET', owners, unpack(sids))
+local held = redis.call('HMGET', reserved, unpack(sids))
+local budget, mode = tonumber(f[2] or ''), f[3]
+local give = f[1] == 'active' or f[1] == 'exhausted'
+local left, inflight = 0, 0
+if budget and mode ~= 'drain' then
+  left = grant_pool(mode, budget) - (tonumber(f[4]) or 0) - (tonumber(f[5]) or 0) - (tonumber(f[6]) or 0)
+  inflight = redis.call('ZCARD', leases)
+end
+local out, grant_args, granted_now = {}, {}, 0
+for i = 1, n do
+  local sid, attempt, more = sids[i], ARGV[3 * i - 1], tonumber(ARGV[3 * i]) or 0
+  local grant = tonumber(held[i]) or 0
+  if owner[i] ~= attempt then
+    out[i] = 0
+  else
+    local extra = 0
+    if give and budget and mode ~= 'drain' then
+      extra = grant_size(left, inflight, more)
+    end
+    if extra > 0 then
+      left = left - extra
+      grant = grant + extra
+      granted_now = granted_now + extra
+      grant_args[#grant_args + 1] = sid
+      grant_args[#grant_args + 1] = grant
+    end
+    out[i] = grant
+  end
+end
+if granted_now > 0 then
+  redis.call('HSET', reserved, unpack(grant_args))
+  redis.call('HINCRBY', ledger, 'reserved_tokens', granted_now)
+end
+return out
