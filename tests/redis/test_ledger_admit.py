@@ -196,21 +196,25 @@ def test_a_redelivered_sample_whose_lease_expired_is_admitted_for_the_new_attemp
 # --- admit under a token budget: reservations ---------------------------------------------------------
 
 
-def test_admit_under_truncate_reserves_min_of_want_and_what_is_left_and_the_last_one_a_partial_cap(
+def test_admit_under_truncate_grants_a_share_of_what_is_left_per_generation_in_flight_never_more_than_left(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
     commit_new(ledger, "s0", 10)
 
-    first = ledger.admit(DS, "s1", "a1")  # want 0: the dataset's max_new_tokens
-    second = ledger.admit(DS, "s2", "a1")  # 100 - 10 committed - 64 reserved = 26 left
-    third = ledger.admit(DS, "s3", "a1")
+    first = ledger.admit(DS, "s1", "a1")  # want 0 (64): 90 left, 1 in flight: 90 // 2 = 45
+    second = ledger.admit(DS, "s2", "a1")  # 45 left, 2 in flight: 45 // 4 = 11, at least 16
+    third = ledger.admit(DS, "s3", "a1")  # 29 left, 3 in flight: 4, at least 16
+    fourth = ledger.admit(DS, "s4", "a1")  # 13 left: never more than is left
+    fifth = ledger.admit(DS, "s5", "a1")  # nothing left
 
-    assert (first.admission, first.cap) == (Admission.OK, MAX_NEW)
-    assert (second.admission, second.cap) == (Admission.OK, 26)
-    assert (third.admission, third.cap, third.state) == (Admission.LIMIT, 0, DatasetState.ACTIVE)
-    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": 26}
-    assert pending(redis_client) == {"s3": "limit"}
+    assert (first.admission, first.cap) == (Admission.OK, 45)
+    assert (second.admission, second.cap) == (Admission.OK, 16)
+    assert (third.admission, third.cap) == (Admission.OK, 16)
+    assert (fourth.admission, fourth.cap) == (Admission.OK, 13)
+    assert (fifth.admission, fifth.cap, fifth.state) == (Admission.LIMIT, 0, DatasetState.ACTIVE)
+    assert reservations(redis_client) == {"s1": 45, "s2": 16, "s3": 16, "s4": 13}
+    assert pending(redis_client) == {"s5": "limit"}
     snap = ledger.snapshot(DS)
     assert (snap.tokens, snap.reserved_tokens, snap.state) == (10, 90, DatasetState.ACTIVE)
 
@@ -225,21 +229,21 @@ def test_admit_under_truncate_reserves_what_is_wanted_when_it_fits(ledger: Ledge
     assert ledger.snapshot(DS).reserved_tokens == 3 * MAX_NEW + 5
 
 
-def test_admit_under_discard_reserves_what_is_wanted_whole_or_says_limit(
+def test_admit_under_discard_says_limit_once_committed_live_and_the_expected_length_in_flight_pass_the_budget(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=150, on_budget="discard")
 
-    assert lease(ledger, "s1") == MAX_NEW
-    assert lease(ledger, "s2") == MAX_NEW
-    # 22 left: never a partial reservation, whose answer would be cut
-    cut = ledger.admit(DS, "s3", "a1")
-    assert (cut.admission, cut.cap) == (Admission.LIMIT, 0)
-    assert lease(ledger, "s4", want=22) == 22  # a generation that wants no more than is left still fits
+    # nothing committed yet: a generation is expected to be max_new_tokens (64) long; the pool is 151
+    assert lease(ledger, "s1") == MAX_NEW  # 1 x 64 <= 150; 151 // 2 = 75 of the pool
+    assert lease(ledger, "s2") == 21  # 2 x 64 <= 150; 87 left, 2 in flight: 87 // 4 = 21
+    # 3 x 64 = 192 > 150: a third is expected to pass the budget, whatever is left to grant
+    third = ledger.admit(DS, "s3", "a1", want=5)
+    assert (third.admission, third.cap) == (Admission.LIMIT, 0)
 
-    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": MAX_NEW, "s4": 22}
+    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": 21}
     assert pending(redis_client) == {"s3": "limit"}
-    assert ledger.snapshot(DS).reserved_tokens == 150
+    assert ledger.snapshot(DS).reserved_tokens == MAX_NEW + 21
 
 
 def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_client: redis.Redis) -> None:
@@ -252,21 +256,23 @@ def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_cli
     assert ledger.snapshot(DS).reserved_tokens == 0
 
 
-def test_admit_with_want_zero_reserves_the_max_new_tokens_register_stored(ledger: Ledger) -> None:
-    make(ledger, token_budget=1000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 300}})
+def test_admit_with_want_zero_grants_up_to_the_max_new_tokens_register_stored(ledger: Ledger) -> None:
+    make(ledger, token_budget=10_000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 300}})
 
+    # far from the end a grant is the whole want: the max_new_tokens register stored
     assert lease(ledger, "s1") == 300
     assert lease(ledger, "s2") == 300
     assert lease(ledger, "s3") == 300
-    assert lease(ledger, "s4") == 1000 - 900
+    assert ledger.snapshot(DS).reserved_tokens == 900
 
 
-def test_live_tokens_take_no_part_in_the_reservation(ledger: Ledger) -> None:
-    make(ledger, token_budget=100)
+def test_live_tokens_take_no_part_in_the_grant(ledger: Ledger) -> None:
+    make(ledger, token_budget=200)
     assert lease(ledger, "s1", want=50) == 50
     assert report_live(ledger, "s1", "a1", 50)  # status only: the 50 are already reserved
 
-    assert lease(ledger, "s2") == 50
+    # 150 left whatever is live, 2 in flight: 150 // 4 = 37
+    assert lease(ledger, "s2") == 37
     assert ledger.snapshot(DS).live_tokens == 50
 
 
@@ -321,43 +327,47 @@ def test_a_group_admit_under_drain_applies_the_expected_rule_to_each_sample_in_t
 def test_admit_many_gives_each_sample_its_own_verdict_and_cap_in_one_call(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=200)
+    make(ledger, token_budget=100)
     commit_new(ledger, "done", 10)
     ledger.fail(DS, "failed", "x", "HTTP 400")
     lease(ledger, "held", "other", want=20)
-    # left: 200 - 10 committed - 20 reserved = 170
+    # left: 100 - 10 committed - 20 reserved = 70, 1 in flight; each admitted before counts in flight
 
     group = ledger.admit_many(
         DS,
         [
-            ("s1", "a1", 0),  # 64
+            ("s1", "a1", 0),  # 70 // (2 x 2) = 17
             ("done", "a1", 0),
             ("s1", "a2", 0),  # the same sample twice in one group: the second is a duplicate delivery
             ("failed", "a1", 0),
             ("held", "a1", 0),
-            ("s2", "a1", 100),  # 100 of the 106 left
-            ("s3", "a1", 0),  # 6 left: the last one's partial cap
-            ("s4", "a1", 0),  # nothing left
+            ("s2", "a1", 10),  # no more than it wants
+            ("s3", "a1", 0),  # 43 // 8 = 5: at least 16
+            ("s4", "a1", 0),  # 27 // 10 = 2: at least 16
+            ("s5", "a1", 0),  # 11 left: the last one's partial cap
+            ("s6", "a1", 0),  # nothing left
         ],
     )
 
     assert group.state == DatasetState.ACTIVE
     assert group.spec == SPEC
     assert group.results == [
-        (Admission.OK, MAX_NEW),
+        (Admission.OK, 17),
         (Admission.DONE, 0),
         (Admission.LEASED, 0),
         (Admission.FAILED, 0),
         (Admission.LEASED, 0),
-        (Admission.OK, 100),
-        (Admission.OK, 6),
+        (Admission.OK, 10),
+        (Admission.OK, 16),
+        (Admission.OK, 16),
+        (Admission.OK, 11),
         (Admission.LIMIT, 0),
     ]
     assert (owner(redis_client, "s1"), owner(redis_client, "held")) == ("a1", "other")
-    assert reservations(redis_client) == {"held": 20, "s1": MAX_NEW, "s2": 100, "s3": 6}
-    assert pending(redis_client) == {"s4": "limit"}
+    assert reservations(redis_client) == {"held": 20, "s1": 17, "s2": 10, "s3": 16, "s4": 16, "s5": 11}
+    assert pending(redis_client) == {"s6": "limit"}
     snap = ledger.snapshot(DS)
-    assert (snap.reserved_tokens, snap.inflight, snap.pending) == (190, 4, 1)
+    assert (snap.reserved_tokens, snap.inflight, snap.pending) == (90, 6, 1)
 
 
 def test_admit_many_takes_every_sample_of_the_group_out_of_the_queue(ledger: Ledger) -> None:
@@ -417,11 +427,13 @@ def test_admit_many_of_an_unknown_dataset_says_unknown_for_each_sample(ledger: L
 
 def test_progress_continues_while_the_dataset_runs_and_the_budget_is_not_overdrawn(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    lease(ledger, "s1")  # 64
-    lease(ledger, "s2")  # 36: the whole budget is reserved, and that is no reason to stop
+    # grants of 50, 16, 16, 16 and the last 2: the whole budget is granted, and that is no reason to stop
+    caps = [lease(ledger, f"s{i}") for i in range(1, 6)]
+    assert caps == [50, 16, 16, 16, 2]
+    assert ledger.admit(DS, "s6", "a1").admission is Admission.LIMIT
 
-    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
-    assert progress(ledger, "s2", "a1") is Progress.CONTINUE
+    for i in range(1, 6):
+        assert progress(ledger, f"s{i}", "a1") is Progress.CONTINUE
     assert ledger.snapshot(DS).reserved_tokens == 100
 
 
