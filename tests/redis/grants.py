@@ -1,0 +1,51 @@
+"""Helpers of the grant tests (budget/lua/extend.lua and the grant sizing of admit.lua): ledger fields the
+snapshot does not carry, and the grant rule itself, to check the scripts against."""
+
+from __future__ import annotations
+
+import redis
+
+from budget import Ledger
+from tests.support.ledger import DS, keys
+
+#: The rule's constants (budget/lua/_lib.lua: GRANT_SHARE, GRANT_MIN, DISCARD_SLACK).
+GRANT_SHARE = 2
+GRANT_MIN = 16
+
+
+def field(client: redis.Redis, name: str, ledger_field: str) -> int:
+    """One numeric field of the dataset's ledger hash (0 when unset)."""
+    return int(client.hget(keys(name).ledger_hash, ledger_field) or 0)
+
+
+def overdrawn(client: redis.Redis, name: str = DS) -> int:
+    """Tokens committed (or thrown away) past their generations' grants."""
+    return field(client, name, "overdrawn_tokens")
+
+
+def grant_pool(mode: str, budget: int) -> int:
+    """What a budget may grant in all: discard grants 1% more (whole answers)."""
+    return budget + budget // 100 if mode == "discard" else budget
+
+
+def grant_size(left: int, inflight: int, want: int) -> int:
+    """The grant the scripts give: at most a 1/2 share of what is left per generation in flight, at least
+    16 where there is that much, never more than wanted or left."""
+    if want <= 0 or left <= 0:
+        return 0
+    share = left // (GRANT_SHARE * max(1, inflight))
+    return min(want, left, max(share, GRANT_MIN))
+
+
+def pool_taken(client: redis.Redis, name: str = DS) -> int:
+    """Spent - overdrawn + reserved, read in one command (one consistent moment): what must never pass the
+    grant pool unless the budget was lowered."""
+    tokens, discarded, reserved, over = client.hmget(
+        keys(name).ledger_hash, ["tokens", "discarded_tokens", "reserved_tokens", "overdrawn_tokens"]
+    )
+    return int(tokens or 0) + int(discarded or 0) - int(over or 0) + int(reserved or 0)
+
+
+def extend(ledger: Ledger, sid: str, more: int, attempt: str = "a1", name: str = DS) -> int:
+    """Ask ``more`` tokens for one generation; its grant after the call."""
+    return ledger.extend_many(name, [(sid, attempt, more)])[0]
