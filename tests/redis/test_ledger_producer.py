@@ -127,18 +127,18 @@ def test_enqueue_returns_not_active_for_an_exhausted_dataset(ledger: Ledger) -> 
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_NOT_ACTIVE]
 
 
-def test_enqueue_under_truncate_returns_budget_in_flight_once_reservations_take_the_rest_of_the_budget(
+def test_enqueue_under_truncate_returns_budget_in_flight_once_grants_take_the_rest_of_the_budget(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
     commit_new(ledger, "c", 10)
-    assert lease(ledger, "s1") == MAX_NEW
-    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]  # 26 left: a partial cap still starts
+    assert lease(ledger, "s1") == 45  # a half share of the 90 left
+    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]  # 45 left
 
-    assert lease(ledger, "s2") == 26  # 10 + 64 + 26 = 100
+    assert [lease(ledger, sid) for sid in ("s2", "s3", "s4")] == [16, 16, 13]  # 10 + 45 + 45 = 100
 
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
-    assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
+    assert ledger.enqueue(DS, ["s5"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
     assert queued(redis_client) == set()
 
 
@@ -150,20 +150,22 @@ def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) ->
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
 
-def test_enqueue_under_discard_returns_budget_in_flight_once_less_than_max_new_tokens_is_free(
+def test_enqueue_under_discard_returns_budget_in_flight_once_a_mean_answer_per_generation_no_longer_fits(
     ledger: Ledger,
 ) -> None:
     make(ledger, token_budget=200, on_budget="discard")
-    commit_new(ledger, "c", 1)
-    assert ledger.admit(DS, "d", "a").admission is Admission.OK
-    ledger.release(DS, "d", "a", "discarded", thrown_away_tokens=30, counts_against_budget=True)
+    commit_new(ledger, "c", 50)  # the mean committed length: 50
     assert lease(ledger, "l", "a") == MAX_NEW
-    # 200 - 1 committed - 30 discarded - 64 reserved = 105: room for a whole reservation
+    # 50 committed + 2 in flight x 50 = 150 <= 200
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
+    assert lease(ledger, "s1", "a") == 22  # 88 left of the pool (202), 2 in flight: 88 // 4
+    # 50 + 3 x 50 = 200 <= 200: one more fits
+    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
-    assert lease(ledger, "s1", "a", want=42) == 42  # 63 free now, less than max_new_tokens
+    report_live(ledger, "l", "a", 1)  # 50 + 1 live + 3 x 50 > 200, though 66 of the pool are free
 
-    assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
+    assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
+    assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
 
@@ -181,9 +183,9 @@ def test_enqueue_under_drain_counts_committed_live_and_expected_tokens_against_t
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
 
-def test_enqueue_publishes_again_once_a_reservation_is_given_back(ledger: Ledger) -> None:
-    make(ledger, token_budget=100)
-    assert lease(ledger, "s1", "a", want=100) == 100
+def test_enqueue_publishes_again_once_a_grant_is_given_back(ledger: Ledger) -> None:
+    make(ledger, token_budget=16)
+    assert lease(ledger, "s1", "a") == 16  # the whole budget: the least grant
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
     ledger.release(DS, "s1", "a", "worker shutdown", thrown_away_tokens=40)
