@@ -6,6 +6,7 @@ own (so its command and CPU counters are the fleet's alone), and prints medians 
     python bench/scale.py fleet         # Redis commands and CPU, worker and server CPU, per token
     python bench/scale.py ledger-only   # the ledger's ceiling: simulated streams, no HTTP
     python bench/scale.py budgets       # server tokens against 50k and 10M budgets, 64 and 1,024 in flight
+    python bench/scale.py budget-speed  # a budget's time and server slots against none, 64-1,024 in flight
     python bench/scale.py defaults      # the default worker command against the plain client, 64-1,024
     python bench/scale.py server --server-url http://127.0.0.1:31000   # the same, on a server you run
     python bench/scale.py all           # every section but server
@@ -202,11 +203,12 @@ def run_fleet(
     token_budget: int | None = None,
     extra: str = "",
     sampling: dict[str, Any] | None = None,
+    policy: str = "truncate",
 ) -> tuple[str, dict[str, float]]:
     name = f"scale_{uuid.uuid4().hex[:8]}"
     dataset: dict[str, Any] = {"name": name, "rows": [{"input_ids": r} for r in rows]}
     if token_budget is not None:
-        dataset |= {"token_budget": token_budget, "on_budget": "truncate"}
+        dataset |= {"token_budget": token_budget, "on_budget": policy}
     config = write_config(
         folder,
         redis_url=redis_url,
@@ -548,6 +550,138 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
     ]
 
 
+# --- budget-speed: what a budget costs in time and server slots ----------------------------------------
+
+#: The workloads of budget-speed: lognormal answers, max_new_tokens 8-16x the mean (as budgets are run).
+SPEED_WORKLOADS: dict[str, dict[str, Any]] = {
+    "mean400": {"sim": {"output_len_mean": 400, "output_len_sigma": 0.5}, "max_new_tokens": 4096},
+    "mean2000": {"sim": {"output_len_mean": 2000, "output_len_sigma": 0.3}, "max_new_tokens": 16_000},
+}
+
+
+class LoadTimeline(TokenTimeline):
+    """The simulator's generated tokens and running requests, read every ``every_s``."""
+
+    def __init__(self, url: str, every_s: float = 0.1) -> None:
+        super().__init__(url, every_s)
+        self.running: list[tuple[int, int]] = []  # (tokens generated so far, requests running)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.wait(self.every_s):
+                totals = client.get(self.url + "/sim/stats?totals=1").json()
+                tokens = int(totals["generated_tokens"]) - self._base
+                self.points.append((time.monotonic(), tokens))
+                self.running.append((tokens, int(totals["running"])))
+
+    def last_token_at(self) -> float:
+        total = self.points[-1][1] if self.points else 0
+        return next((t for t, n in self.points if n >= total), self.ended)
+
+    def full_share(self, inflight: int, budget: int, upto: float = 0.98) -> float:
+        """The 10th percentile of running / ``inflight`` from the first reading at 90% of it until
+        ``upto`` of ``budget`` was generated: how full the server was kept up to the budget's end."""
+        start = next((i for i, (_, r) in enumerate(self.running) if r >= 0.9 * inflight), None)
+        if start is None:
+            return 0.0
+        shares = sorted(r / inflight for n, r in self.running[start:] if n < upto * budget)
+        return shares[len(shares) // 10] if shares else float("nan")
+
+
+def section_budget_speed(args: argparse.Namespace) -> list[str]:
+    """With and without a budget, the same prompts on the same simulator and default worker: the time to
+    the budget's tokens, how full the server stayed until 98% of it, overshoot and answers cut."""
+    rows = []
+    budget = args.speed_budget
+    for workload in args.speed_workloads:
+        w = SPEED_WORKLOADS[workload]
+        mean = w["sim"]["output_len_mean"]
+        for inflight in args.speed_inflight:
+            with (
+                tempfile.TemporaryDirectory() as tmp,
+                embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
+                sim_process(step_time_s=args.step_time_s, max_running_requests=inflight, **w["sim"]) as url,
+                workers(redis_url, args.processes, None, Path(tmp) / "logs"),
+            ):
+                # enough prompts for the budget and a full server to its end, whatever the lengths drawn
+                n = int(budget / mean * 1.3) + 2 * inflight
+                cells: dict[str, list[dict[str, float]]] = {}
+                for i in range(args.repeats):
+                    rows_i = prompts(n, seed=11 + i)
+                    for policy in ["none", *args.speed_policies]:
+                        timeline = LoadTimeline(url)
+                        started = time.monotonic()
+                        with timeline:
+                            name, _ = run_fleet(
+                                url,
+                                redis_url,
+                                rows_i,
+                                w["max_new_tokens"],
+                                Path(tmp) / f"{policy}{i}",
+                                token_budget=None if policy == "none" else budget,
+                                policy=policy,
+                            )
+                        snap = Ledger.from_url(redis_url).snapshot(name)
+                        server = int(sim_stats(url)["by_prefix"].get(dataset_tag(name), 0))
+                        if policy == "none":  # the same tokens as the budget, without one
+                            to_budget_s = timeline._crossing(budget) - started
+                        else:
+                            to_budget_s = timeline.last_token_at() - started
+                        cells.setdefault(policy, []).append(
+                            {
+                                "s": to_budget_s,
+                                "full": timeline.full_share(inflight, budget),
+                                "server": server,
+                                "kept": snap.tokens,
+                                "cut": snap.truncated,
+                                "thrown": snap.discarded_tokens,
+                            }
+                        )
+                        print(
+                            f"  {workload} / {inflight} / {policy} run {i + 1}: {cells[policy][-1]}",
+                            file=sys.stderr,
+                        )
+                base = median([c["s"] for c in cells["none"]])
+                for policy, runs in cells.items():
+                    ratios = [c["s"] / b["s"] for c, b in zip(runs, cells["none"], strict=True)]
+                    rows.append(
+                        [
+                            workload,
+                            inflight,
+                            policy,
+                            f"{median([c['s'] for c in runs]):.1f} s",
+                            "1.00x" if policy == "none" else f"{median(ratios):.3f}x",
+                            f"{median([c['full'] for c in runs]):.0%}",
+                            "—"
+                            if policy == "none"
+                            else f"{median([c['server'] for c in runs]) / budget - 1:+.3%}",
+                            "—" if policy == "none" else f"{median([c['cut'] for c in runs]):.0f}",
+                            "—" if policy == "none" else f"{median([c['thrown'] for c in runs]):,.0f}",
+                        ]
+                    )
+                print(f"  {workload} / {inflight}: base {base:.1f} s", file=sys.stderr)
+    print(
+        f"\nbudget-speed: a {budget:,}-token budget against none, same prompts and simulator "
+        f"({args.step_time_s * 1000:g} ms steps), default worker; medians of {args.repeats} paired runs\n"
+    )
+    return [
+        print_table(
+            [
+                "workload",
+                "in flight",
+                "budget",
+                "time to the budget's tokens",
+                "ratio (goal <= 1.15, discard 1.3)",
+                "server full until 98% (p10 of running / in flight)",
+                "server tokens past budget",
+                "answers cut",
+                "tokens thrown away",
+            ],
+            rows,
+        )
+    ]
+
+
 # --- defaults: the default worker command against the plain client -----------------------------------
 
 
@@ -712,6 +846,7 @@ SECTIONS = {
     "fleet": section_fleet,
     "ledger-only": section_ledger_only,
     "budgets": section_budgets,
+    "budget-speed": section_budget_speed,
     "defaults": section_defaults,
     "server": section_server,
 }
@@ -738,6 +873,14 @@ def main() -> int:
     p.add_argument("--budgets", type=int, nargs="+", default=[50_000, 10_000_000])
     p.add_argument("--budget-inflight", type=int, nargs="+", default=[64, 1024])
     p.add_argument("--default-inflight", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--speed-budget", type=int, default=400_000, help="budget-speed: the token budget")
+    p.add_argument("--speed-inflight", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument(
+        "--speed-workloads", nargs="+", default=["mean400", "mean2000"], choices=list(SPEED_WORKLOADS)
+    )
+    p.add_argument(
+        "--speed-policies", nargs="+", default=["truncate", "discard"], choices=["truncate", "discard"]
+    )
     p.add_argument(
         "--default-scale", type=int, default=1, help="defaults: times more requests a run (longer runs)"
     )

@@ -158,8 +158,8 @@ class CommitItem:
     truncated: bool = False
     #: Of ``completion_tokens``, those the model spent thinking (SGLang's ``meta_info.reasoning_tokens``).
     reasoning_tokens: int = 0
-    #: The generation ended at the dataset's ``max_new_tokens`` (finish reason ``length``), not cut short by
-    #: its reservation of the budget (that one is ``truncated``).
+    #: The generation ended at the dataset's ``max_new_tokens`` (finish reason ``length``), not cut short at
+    #: its grant of the budget (that one is ``truncated``).
     hit_max_new: bool = False
 
 
@@ -191,8 +191,11 @@ class DatasetSnapshot:
     samples_per_s: float = 0.0
     #: A worker cannot write this dataset's output (disk full, read-only...): "host:pid: problem".
     output_error: str = ""
-    #: Tokens of the budget reserved by in-flight generations (the most they may still produce).
+    #: Tokens of the budget granted to in-flight generations (``budget/lua/_lib.lua``, "Reservations").
     reserved_tokens: int = 0
+    #: Of the tokens spent, those generated past their generations' grants (the step or two an abort at
+    #: the grant takes to land).
+    overdrawn_tokens: int = 0
     #: Of ``tokens``, those the model spent thinking (reasoning models); the rest is ``answer_tokens``.
     reasoning_tokens: int = 0
     #: Committed samples whose generation ended at the dataset's ``max_new_tokens``.
@@ -662,6 +665,7 @@ class Ledger:
             samples_per_s=n("rate_samples") / max(1.0, n("rate_span_ms") / 1000),
             output_error=f"{f['output_error_by']}: {f['output_error']}" if f.get("output_error") else "",
             reserved_tokens=n("reserved_tokens"),
+            overdrawn_tokens=n("overdrawn_tokens"),
             reasoning_tokens=n("reasoning_tokens"),
             hit_max_new=n("hit_max_new"),
             longest=n("longest"),

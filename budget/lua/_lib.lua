@@ -58,14 +58,13 @@ end
 -- budget has none left, the worker aborts the request by its rid as it reaches its grant (truncate: the
 -- answer is kept, cut; discard: thrown away, counted as spent). A finished generation gives back what it
 -- did not use.
--- Grants are sized so that every server slot stays busy until the budget is spent: a grant takes at most a
--- 1/GRANT_SHARE share of what is unreserved per generation in flight, and at least GRANT_MIN where there
--- is that much (or the generation's whole want, when smaller). Far from the end a grant is the whole
--- max_new_tokens; near it, grants shrink with what is left, so what is held unused by the generations in
--- flight stays a fraction of the budget left, and admission goes on until the budget is all granted. discard also admits a generation only while committed + live + the expected length
--- of each generation in flight stay within the budget (an answer it starts is expected to end whole), and
--- grants from the budget plus DISCARD_SLACK of it (whole answers may pass the budget by that much; one
--- that would pass it further is thrown away).
+-- Grants are sized so that every server slot stays busy until the budget is spent (grant_size): the whole
+-- max_new_tokens far from the end, about an answer's length near it, so what the generations in flight
+-- hold unused stays small against what is left, and admission goes on until the budget is all granted.
+-- discard also admits a generation only while committed + live + the expected length of each generation
+-- in flight stay within the budget (an answer it starts is expected to end whole), and grants from the
+-- budget plus DISCARD_SLACK of it (whole answers may pass the budget by that much; one that would pass it
+-- further is thrown away).
 local GRANT_SHARE = 2
 local GRANT_MIN = 16
 local DISCARD_SLACK = 0.01
@@ -103,12 +102,21 @@ local function budget_reached(budget, spent_tokens, floor)
   return budget - spent_tokens < (floor or 1)
 end
 
--- A grant of up to ``want`` tokens, given ``left`` unreserved tokens of the pool and ``inflight``
--- generations holding grants (0: none now).
-local function grant_size(left, inflight, want)
+-- A grant of up to ``want`` tokens, given ``left`` unreserved tokens of the pool, ``inflight`` generations
+-- holding grants or about to (the dataset's leases and its queued tasks' samples) and ``mean`` the mean
+-- committed length (0: none yet). Where the pool has room for every one of them to hold its whole want
+-- GRANT_SHARE times over, the grant is the whole want: far from the budget's end nothing is ever asked
+-- again. Nearer, a grant is about an answer's mean length (an eighth of the want before any answer is
+-- committed), at most a 1/GRANT_SHARE share of what is left per generation, at least GRANT_MIN where
+-- there is that much: what the generations in flight hold unused stays small against the budget left,
+-- so the last of it goes to those that need it.
+local function grant_size(left, inflight, want, mean)
   if want <= 0 or left <= 0 then return 0 end
   local share = math.floor(left / (GRANT_SHARE * math.max(1, inflight)))
-  return math.min(want, left, math.max(share, GRANT_MIN))
+  if share >= want then return math.min(want, left) end
+  local step = math.ceil(mean or 0)
+  if step <= 0 then step = math.ceil(want / 8) end
+  return math.min(want, left, math.max(math.min(share, step), GRANT_MIN))
 end
 
 -- drain only: what the expected rule reads, {committed, live, mean committed length, in flight}.

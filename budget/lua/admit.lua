@@ -31,8 +31,8 @@ local is_done = redis.call('HMGET', done, unpack(sids))
 local is_failed = redis.call('HMGET', failed, unpack(sids))
 local leased = redis.call('ZMSCORE', leases, unpack(sids))
 
-local budget, mode, left, drain, inflight, discard = nil, nil, 0, nil, 0, nil
-local max, taken = nil, 0
+local budget, mode, left, drain, inflight, discard, mean = nil, nil, 0, nil, 0, nil, 0
+local max, taken, leased_before = nil, 0, 0
 if state == 'active' then
   budget = limit(ledger, 'token_budget')
   if budget then
@@ -41,7 +41,10 @@ if state == 'active' then
       drain = drain_figures(ledger, leases)
     else
       left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
-      inflight = redis.call('ZCARD', leases)
+      -- those in flight and those queued behind them (this group's included): the coming concurrency
+      leased_before = redis.call('ZCARD', leases)
+      inflight = leased_before + redis.call('ZCARD', queued) + n
+      mean = mean_length(ledger)
       if mode == 'discard' then discard = discard_figures(ledger) end
     end
   end
@@ -75,10 +78,14 @@ for i = 1, n do
     if drain_full(drain, drain[4] + #ok_sids, budget) then verdict = 'limit' end
   elseif budget then
     -- each generation admitted before it in this group holds a grant too (as if admitted one at a time)
-    if discard and discard_full(discard, inflight + #ok_sids + 1, budget) then
+    if discard and discard_full(discard, leased_before + #ok_sids + 1, budget) then
       cap = 0
     else
-      cap = grant_size(left, inflight + #ok_sids + 1, want)
+      -- near the end a new generation leaves GRANT_MIN for each one in flight: an answer running is
+      -- extended before a new one starts (it would be cut soon after), so answers are cut only at the end
+      local room = left
+      if left < GRANT_SHARE * inflight * want then room = left - GRANT_MIN * (leased_before + #ok_sids) end
+      cap = grant_size(room, inflight, want, mean)
     end
     if cap <= 0 then verdict = 'limit' else left = left - cap end
   end

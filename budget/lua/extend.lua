@@ -1,7 +1,7 @@
 -- extend: generations whose streams near their grants ask for more of the budget (truncate, discard). One
 -- call covers a worker process's asks of one dataset that came together: its cost in Redis commands does
 -- not grow with their number.
--- KEYS: ledger, leases, owners, reserved
+-- KEYS: ledger, leases, owners, reserved, queued
 -- ARGV: for each ask: sid, attempt, more (the most tokens more its generation may still produce)
 -- Returns, per ask, the generation's grant after the call (its tokens of the budget in all): the same as
 -- before when the budget has none to give now, and 0 when this attempt no longer holds the lease (it was
@@ -12,15 +12,17 @@ local n = #ARGV / 3
 local sids = {}
 for i = 1, n do sids[i] = ARGV[3 * i - 2] end
 local f = redis.call('HMGET', ledger, 'state', 'token_budget', 'on_budget', 'tokens', 'discarded_tokens',
-  'reserved_tokens')
+  'reserved_tokens', 'samples')
 local owner = redis.call('HMGET', owners, unpack(sids))
 local held = redis.call('HMGET', reserved, unpack(sids))
 local budget, mode = tonumber(f[2] or ''), f[3]
 local give = f[1] == 'active' or f[1] == 'exhausted'
-local left, inflight = 0, 0
+local left, inflight, mean = 0, 0, 0
 if budget and mode ~= 'drain' then
   left = grant_pool(mode, budget) - (tonumber(f[4]) or 0) - (tonumber(f[5]) or 0) - (tonumber(f[6]) or 0)
-  inflight = redis.call('ZCARD', leases)
+  inflight = redis.call('ZCARD', leases) + redis.call('ZCARD', queued)
+  local samples = tonumber(f[7]) or 0
+  if samples > 0 then mean = (tonumber(f[4]) or 0) / samples end
 end
 local out, grant_args, granted_now = {}, {}, 0
 for i = 1, n do
@@ -31,7 +33,7 @@ for i = 1, n do
   else
     local extra = 0
     if give and budget and mode ~= 'drain' then
-      extra = grant_size(left, inflight, more)
+      extra = grant_size(left, inflight, more, mean)
     end
     if extra > 0 then
       left = left - extra

@@ -1,0 +1,133 @@
+"""A generation's grant of its dataset's token budget, kept on its own stream.
+
+Under a token budget (policy truncate or discard) the ledger gives each admitted generation a grant: tokens
+of the budget reserved for it (``budget/lua/_lib.lua``, "Reservations"). Its request is sent with the
+dataset's whole ``max_new_tokens``, so a server slot is never held back for the budget; the stream itself
+is watched against the grant, with no ledger call per chunk:
+
+- **Ask ahead.** When the stream comes within ``ahead`` tokens of its grant, the worker asks the ledger for
+  more (``Ledger.extend_many``: the asks of a process's threads that come together share one call). Far
+  from the budget's end a grant is the whole ``max_new_tokens`` and nothing is ever asked.
+- **Stop at the grant.** Where the budget has nothing more to give, the stream is stopped before its next
+  chunk could pass the grant (nor the one after: a reader busy with many streams may be a chunk behind the
+  server; what a stream stopped early leaves goes back to the budget): its rid is aborted, and the server ends it after one more decode step
+  (``ABORT_LAG_TOKENS``). Under truncate the answer is kept, cut; under discard it is thrown away.
+- **Chunks often enough to see it.** A stream whose grant is less than it may want asks for a chunk every
+  sixteenth of its grant (at least ``INTERVAL_MIN`` tokens, at most the pacer's interval), so the stop lands
+  within a few tokens of the grant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from budget import Ledger
+from workers.batching import CallBatcher
+
+#: Tokens a server still generates after we decide to stop a stream: one decode step after the abort
+#: lands, and one for the abort's own round trip.
+ABORT_LAG_TOKENS: Final = 2
+#: The least ``stream_interval`` a grant-watched stream asks for.
+INTERVAL_MIN: Final = 4
+#: A grant-watched stream asks for a chunk every this fraction of its grant.
+INTERVAL_SHARE: Final = 16
+#: Ask for more at least this many tokens before the grant.
+AHEAD_MIN: Final = 32
+
+#: One ask: (sample_id, attempt, more).
+Ask = tuple[str, str, int]
+
+
+class GrantExtender:
+    """One per worker process: the asks for more of a budget, grouped into one ledger call per dataset."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._batcher: CallBatcher[str, Ask, int] = CallBatcher("extender", self._extend)
+        self._ledger = ledger
+
+    def _extend(self, dataset: str, asks: Sequence[Ask]) -> list[int]:
+        return self._ledger.extend_many(dataset, asks)
+
+    def extend(self, dataset: str, sample_id: str, attempt: str, more: int) -> int:
+        """The generation's grant after asking ``more`` (unchanged: nothing to give now; 0: lease lost)."""
+        return self._batcher.call(dataset, (sample_id, attempt, more), hurry=True)
+
+
+def watched_interval(granted: int, paced: int) -> int:
+    """The ``stream_interval`` for a stream whose grant is ``granted`` tokens, the pacer asking ``paced``."""
+    return max(INTERVAL_MIN, min(paced, granted // INTERVAL_SHARE))
+
+
+class GrantWatch:
+    """One generation's grant, checked at each of its stream's chunks (from the stream's own thread)."""
+
+    __slots__ = (
+        "_asked_at",
+        "_extender",
+        "_last_word_at",
+        "attempt",
+        "dataset",
+        "granted",
+        "interval",
+        "lost",
+        "sample_id",
+        "want",
+    )
+
+    def __init__(
+        self,
+        extender: GrantExtender,
+        dataset: str,
+        sample_id: str,
+        attempt: str,
+        *,
+        granted: int,
+        want: int,
+        interval: int,
+    ) -> None:
+        self._extender = extender
+        self.dataset, self.sample_id, self.attempt = dataset, sample_id, attempt
+        #: Tokens of the budget this generation holds; ``want``: the most it may produce.
+        self.granted = granted
+        self.want = want
+        #: The stream's chunk interval in tokens (a chunk may bring this many at once).
+        self.interval = interval
+        #: Set when an ask found the lease taken back.
+        self.lost = False
+        #: The grant when we last asked ahead, and when we last asked at the stop: one ask of each per grant.
+        self._asked_at = -1
+        self._last_word_at = -1
+
+    @property
+    def limited(self) -> bool:
+        """Whether the grant may end the generation before its own ``max_new_tokens``."""
+        return self.granted < self.want
+
+    def allows(self, produced: int) -> bool:
+        """Whether the stream may go on, ``produced`` tokens in: asks for more as it nears its grant, and
+        says no where the next chunk (and the abort's lag) could pass what it holds."""
+        if not self.limited:
+            return True
+        if produced + max(AHEAD_MIN, 2 * self.interval) >= self.granted and self._asked_at != self.granted:
+            self._ask()
+        if self._stops_at(produced) and self._last_word_at != self.granted:
+            # one more ask before it stops: another generation may have given tokens back since
+            self._last_word_at = self.granted
+            self._ask()
+        return not self.lost and not self._stops_at(produced)
+
+    def _stops_at(self, produced: int) -> bool:
+        # the next chunk, and as much again that a busy reader may not have read yet, and the abort's lag
+        return self.limited and produced + 2 * self.interval + ABORT_LAG_TOKENS > self.granted
+
+    def _ask(self) -> None:
+        if self.lost:
+            return
+        before = self.granted
+        self._asked_at = before
+        after = self._extender.extend(self.dataset, self.sample_id, self.attempt, self.want - before)
+        if after <= 0:
+            self.lost = True
+        else:
+            self.granted = max(before, after)
