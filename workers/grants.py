@@ -10,8 +10,9 @@ is watched against the grant, with no ledger call per chunk:
   from the budget's end a grant is the whole ``max_new_tokens`` and nothing is ever asked.
 - **Stop at the grant.** Where the budget has nothing more to give, the stream is stopped before its next
   chunk could pass the grant (nor the one after: a reader busy with many streams may be a chunk behind the
-  server; what a stream stopped early leaves goes back to the budget): its rid is aborted, and the server ends it after one more decode step
-  (``ABORT_LAG_TOKENS``). Under truncate the answer is kept, cut; under discard it is thrown away.
+  server; what a stream stopped early leaves goes back to the budget): its rid is aborted, and the server
+  ends it after one more decode step (``ABORT_LAG_TOKENS``). Under truncate the answer is kept, cut; under
+  discard it is thrown away.
 - **Chunks often enough to see it.** A stream whose grant is less than it may want asks for a chunk every
   sixteenth of its grant (at least ``INTERVAL_MIN`` tokens, at most the pacer's interval), so the stop lands
   within a few tokens of the grant.

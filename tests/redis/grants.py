@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from budget import Ledger
+from budget import Admission, CommitOutcome, Ledger
 from tests.support.ledger import DS, keys
 
 #: The rule's constants (budget/lua/_lib.lua: GRANT_SHARE, GRANT_MIN, DISCARD_SLACK).
@@ -49,3 +49,17 @@ def pool_taken(client: redis.Redis, name: str = DS) -> int:
 def extend(ledger: Ledger, sid: str, more: int, attempt: str = "a1", name: str = DS) -> int:
     """Ask ``more`` tokens for one generation; its grant after the call."""
     return ledger.extend_many(name, [(sid, attempt, more)])[0]
+
+
+def commit_whole(ledger: Ledger, sid: str, tokens: int, name: str = DS) -> None:
+    """Admit ``sid`` wanting ``tokens``, ask more (extend) until its grant holds them all, as a worker
+    whose stream nears its grant does, and commit them: nothing is overdrawn. The budget must have room."""
+    attempt = f"{sid}-a1"
+    result = ledger.admit(name, sid, attempt, want=max(1, tokens))
+    assert result.admission is Admission.OK, result
+    grant = result.cap
+    while grant < tokens:
+        more = ledger.extend_many(name, [(sid, attempt, tokens - grant)])[0]
+        assert more > grant, (sid, tokens, grant)  # the budget had room: every ask gets some
+        grant = more
+    assert ledger.commit(name, sid, attempt, tokens) is CommitOutcome.COMMITTED

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
-from tests.redis.grants import extend, grant_pool, grant_size, overdrawn, pool_taken
+from tests.redis.grants import commit_whole, extend, grant_pool, grant_size, overdrawn, pool_taken
 from tests.support.ledger import (
     DS,
     MAX_NEW,
@@ -410,13 +410,14 @@ def test_discard_is_exhausted_once_less_than_a_mean_answer_is_left_and_truncate_
     make(ledger, "d", token_budget=100, on_budget="discard")
     make(ledger, "t", token_budget=100)
     for name in ("d", "t"):
-        commit_new(ledger, "a", 45, name=name)
-        commit_new(ledger, "b", 45, name=name)  # 10 left: less than the mean (45), at least a token
+        commit_whole(ledger, "a", 45, name=name)
+        commit_whole(ledger, "b", 45, name=name)  # 10 left: less than the mean (45), at least a token
 
     assert ledger.snapshot("d").state == DatasetState.EXHAUSTED
     assert ledger.snapshot("t").state == DatasetState.ACTIVE
-    commit_new(ledger, "c", 10, name="t")
+    commit_whole(ledger, "c", 10, name="t")
     assert ledger.snapshot("t").state == DatasetState.EXHAUSTED
+    assert (overdrawn(ledger.client, "d"), overdrawn(ledger.client, "t")) == (0, 0)
 
 
 # --- property: random interleavings never pass the pool ----------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from budget import Admission, CommitItem, CommitOutcome, DatasetState, Ledger
-from tests.redis.grants import overdrawn
+from tests.redis.grants import commit_whole, overdrawn
 from tests.support.ledger import (
     DS,
     MAX_NEW,
@@ -91,10 +91,10 @@ def test_commit_marks_a_truncated_generation(ledger: Ledger) -> None:
 
 def test_commit_sets_exhausted_when_the_budget_is_reached(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    commit_new(ledger, "s1", 99)
+    commit_whole(ledger, "s1", 99)
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
-    commit_new(ledger, "s2", 1)
+    commit_whole(ledger, "s2", 1)
 
     assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
 
