@@ -3,6 +3,8 @@ snapshot does not carry, and the grant rule itself, to check the scripts against
 
 from __future__ import annotations
 
+import math
+
 import redis
 
 from budget import Admission, CommitOutcome, Ledger
@@ -28,13 +30,31 @@ def grant_pool(mode: str, budget: int) -> int:
     return budget + budget // 100 if mode == "discard" else budget
 
 
-def grant_size(left: int, inflight: int, want: int) -> int:
-    """The grant the scripts give: at most a 1/2 share of what is left per generation in flight, at least
-    16 where there is that much, never more than wanted or left."""
+def grant_size(left: int, inflight: int, want: int, mean: float = 0) -> int:
+    """The grant the scripts give (grant_size in _lib.lua), ``inflight`` generations holding grants or about
+    to (leases and queued samples) and ``mean`` the mean committed length (0: none yet): the whole want where
+    a 1/2 share of what is left per generation holds it; else about a mean answer (an eighth of the want
+    before any), at most that share, at least 16 where there is that much, never more than wanted or left."""
     if want <= 0 or left <= 0:
         return 0
     share = left // (GRANT_SHARE * max(1, inflight))
-    return min(want, left, max(share, GRANT_MIN))
+    if share >= want:
+        return min(want, left)
+    step = math.ceil(mean) if mean > 0 else math.ceil(want / 8)
+    return min(want, left, max(min(share, step), GRANT_MIN))
+
+
+def admit_grant(
+    left: int, leased: int, queued: int, group: int, before: int, want: int, mean: float = 0
+) -> int:
+    """The grant admit.lua gives a sample of a group of ``group`` (``before`` of them admitted ahead of it),
+    ``leased`` leases held and ``queued`` other samples queued: near the end (a 1/2 share per generation
+    coming no longer holds the want) a new one leaves 16 tokens for each one in flight."""
+    inflight = leased + queued + group
+    room = left
+    if left < GRANT_SHARE * inflight * want:
+        room = left - GRANT_MIN * (leased + before)
+    return grant_size(room, inflight, want, mean)
 
 
 def pool_taken(client: redis.Redis, name: str = DS) -> int:
