@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from budget import Admission, CommitItem, CommitOutcome, DatasetState, Ledger
-from tests.redis.grants import commit_whole, overdrawn
+from tests.redis.grants import commit_whole, extend, overdrawn
 from tests.support.ledger import (
     DS,
     MAX_NEW,
@@ -159,19 +159,18 @@ def test_commit_clears_the_sample_from_pending(ledger: Ledger, redis_client: red
 def test_commit_gives_back_the_grant_it_did_not_use(ledger: Ledger, redis_client: redis.Redis) -> None:
     make(ledger, token_budget=100)
     assert lease(ledger, "s1", want=40) == 40
-    # the rest of the budget granted to others: 60 // 4 = 15 -> at least 16, then 16, 16 and the last 12
-    assert [lease(ledger, f"s{i}") for i in range(2, 6)] == [16, 16, 16, 12]
-    assert ledger.admit(DS, "s6", "a1").admission is Admission.LIMIT
+    # near the end: 16, then the 12 that leave 16 for each of the other two; then no more
+    assert [lease(ledger, f"s{i}") for i in (2, 3)] == [16, 12]
+    assert ledger.admit(DS, "s4", "a1").admission is Admission.LIMIT
 
     assert ledger.commit(DS, "s1", "a1", 20) is CommitOutcome.COMMITTED
 
-    assert reservations(redis_client) == {"s2": 16, "s3": 16, "s4": 16, "s5": 12}
+    assert reservations(redis_client) == {"s2": 16, "s3": 12}
     snap = ledger.snapshot(DS)
-    assert (snap.tokens, snap.reserved_tokens, snap.state) == (20, 60, DatasetState.ACTIVE)
-    # the 20 s1 did not use are free again: granted to the next ones, and no more
-    assert lease(ledger, "s6") == 16
-    assert lease(ledger, "s7") == 4
-    assert ledger.admit(DS, "s8", "a1").admission is Admission.LIMIT
+    assert (snap.tokens, snap.reserved_tokens, snap.state) == (20, 28, DatasetState.ACTIVE)
+    # the 20 s1 did not use are free again: 52 left, 16 of them for each of the 2 running, 16 granted
+    assert lease(ledger, "s4") == 16
+    assert ledger.admit(DS, "s5", "a1").admission is Admission.LIMIT
 
 
 def test_commit_under_discard_exhausts_once_less_than_the_mean_committed_length_is_left(
@@ -230,7 +229,7 @@ def test_commit_many_counts_a_sample_listed_twice_in_one_batch_once(
     assert (snap.tokens, snap.samples, snap.wasted_tokens) == (17, 2, 10)
     # its reservation and live tokens are given back once, not twice
     assert (snap.reserved_tokens, snap.live_tokens, snap.inflight) == (0, 0, 0)
-    assert lease(ledger, "s3", want=1000) == (1000 - 17) // 2  # a half share of what is left, alone
+    assert lease(ledger, "s3", want=491) == 491  # the 983 left hold a 1/2 share of it whole, alone
 
 
 def test_commit_many_says_over_limit_once_max_samples_is_crossed_mid_batch(
@@ -312,9 +311,10 @@ def test_commit_many_of_no_generations_asks_nothing(ledger: Ledger) -> None:
 def test_every_end_of_an_attempt_gives_its_grant_back_to_the_budget(
     ledger: Ledger, redis_client: redis.Redis, end: str
 ) -> None:
-    make(ledger, token_budget=32)
-    assert lease(ledger, "s1", lease_ms=SHORT_MS if end == "reclaim" else 60_000, want=16) == 16
-    assert lease(ledger, "s2") == 16  # the least grant, 16: the last of the budget
+    make(ledger, token_budget=64)
+    assert lease(ledger, "s1", lease_ms=SHORT_MS if end == "reclaim" else 60_000, want=32) == 32
+    assert lease(ledger, "s2", want=16) == 16
+    assert extend(ledger, "s2", 100) == 32  # the last of the budget
     assert ledger.enqueue(DS, ["s3"], window=10) == [-3]  # all of it granted
 
     if end == "commit":
@@ -329,8 +329,8 @@ def test_every_end_of_an_attempt_gives_its_grant_back_to_the_budget(
         expire_short_leases(ledger.client)
         assert ledger.reclaim(DS) == 1
 
-    assert reservations(redis_client) == {"s2": 16}
-    assert ledger.snapshot(DS).reserved_tokens == 16
+    assert reservations(redis_client) == {"s2": 32}
+    assert ledger.snapshot(DS).reserved_tokens == 32
     assert ledger.enqueue(DS, ["s3"], window=10) == [1]
     assert lease(ledger, "s3", want=16) == 16  # the budget is free again
 
@@ -519,12 +519,12 @@ def test_a_commit_without_the_lease_is_refused_where_the_budget_has_no_room_for_
     # past the budget (truncate, discard). Where there is room it still counts.
     make(ledger, token_budget=40)
     assert lease(ledger, "s1", "new", want=20) == 20  # the sample's new attempt is granted 20
-    assert lease(ledger, "s2", "a1") == 16  # 20 // 4 = 5: at least 16
+    assert lease(ledger, "s2", "a1") == 4  # 20 left, 16 of them for s1
 
-    outcomes = ledger.commit_many(DS, [CommitItem("s1", "old", 15), CommitItem("s3", "old", 4)])
+    outcomes = ledger.commit_many(DS, [CommitItem("s1", "old", 17), CommitItem("s3", "old", 16)])
 
-    # s1: 0 committed + 36 reserved + 15 > 40: refused; s3: 36 + 4 fits
+    # s1: 0 committed + 24 reserved + 17 > 40: refused; s3: 24 + 16 fits
     assert outcomes == [CommitOutcome.OVER_LIMIT, CommitOutcome.COMMITTED]
     snap = ledger.snapshot(DS)
-    assert (snap.tokens, snap.reserved_tokens, snap.wasted_tokens) == (4, 36, 15)
+    assert (snap.tokens, snap.reserved_tokens, snap.wasted_tokens) == (16, 24, 17)
     assert snap.tokens + snap.reserved_tokens <= 40
