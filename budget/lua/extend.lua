@@ -24,10 +24,11 @@ if budget and mode ~= 'drain' then
   local samples = tonumber(f[7]) or 0
   if samples > 0 then mean = (tonumber(f[4]) or 0) / samples end
 end
-local out, grant_args, granted_now = {}, {}, 0
+-- a sid asked twice in the call builds on what its first ask left it
+local out, grant_args, granted_now, now_held = {}, {}, 0, {}
 for i = 1, n do
   local sid, attempt, more = sids[i], ARGV[3 * i - 1], tonumber(ARGV[3 * i]) or 0
-  local grant = tonumber(held[i]) or 0
+  local grant = now_held[sid] or tonumber(held[i]) or 0
   if owner[i] ~= attempt then
     out[i] = 0
   else
@@ -42,6 +43,7 @@ for i = 1, n do
       grant_args[#grant_args + 1] = sid
       grant_args[#grant_args + 1] = grant
     end
+    now_held[sid] = grant
     out[i] = grant
   end
 end
