@@ -19,6 +19,11 @@ pytestmark = pytest.mark.redis
 
 PUB, SKIP, FULL = ENQUEUE_PUBLISH, ENQUEUE_SKIP, ENQUEUE_WINDOW_FULL
 
+ENQUEUE_ADMIT_BUG = (
+    "budget_blocked in budget/lua/_lib.lua publishes while the pool has a token unreserved, but admit.lua "
+    "(since db21da6) says limit once what is left is no more than 16 per generation in flight"
+)
+
 
 # --- enqueue ----------------------------------------------------------------------------------------
 
@@ -132,14 +137,31 @@ def test_enqueue_under_truncate_returns_budget_in_flight_once_grants_take_the_re
 ) -> None:
     make(ledger, token_budget=100)
     commit_new(ledger, "c", 10)
-    assert lease(ledger, "s1") == 45  # a half share of the 90 left
-    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]  # 45 left
+    assert lease(ledger, "s1") == 16  # near the end: about a mean answer (10), at least 16
+    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]  # 74 left
 
-    assert [lease(ledger, sid) for sid in ("s2", "s3", "s4")] == [16, 16, 13]  # 10 + 45 + 45 = 100
+    assert [lease(ledger, sid) for sid in ("s2", "s3")] == [16, 16]
+    asks = [(sid, "a1", 100) for sid in ("s1", "s2", "s3")]
+    while (before := ledger.snapshot(DS).reserved_tokens) < 90:  # the running ones are granted the rest
+        ledger.extend_many(DS, asks)
+        assert ledger.snapshot(DS).reserved_tokens > before
 
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
     assert ledger.enqueue(DS, ["s5"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
     assert queued(redis_client) == set()
+
+
+@pytest.mark.xfail(strict=True, reason=ENQUEUE_ADMIT_BUG)
+def test_enqueue_returns_budget_in_flight_where_admit_would_say_limit_for_the_16_left_to_each_one_running(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=100)
+    commit_new(ledger, "c", 10)
+    assert [lease(ledger, sid) for sid in ("s1", "s2", "s3")] == [16, 16, 16]
+    assert ledger.admit(DS, "s4", "a1").admission is Admission.LIMIT  # 42 left, 16 of them for each one
+
+    # a sample published now would only be turned away by admit and published again, and again
+    assert ledger.enqueue(DS, ["s5"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
 
 def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) -> None:
@@ -158,11 +180,11 @@ def test_enqueue_under_discard_returns_budget_in_flight_once_a_mean_answer_per_g
     assert lease(ledger, "l", "a") == MAX_NEW
     # 50 committed + 2 in flight x 50 = 150 <= 200
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
-    assert lease(ledger, "s1", "a") == 22  # 88 left of the pool (202), 2 in flight: 88 // 4
+    assert lease(ledger, "s1", "a") == 18  # 88 left of the pool (202), 16 of them for l: 72 // 4
     # 50 + 3 x 50 = 200 <= 200: one more fits
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
-    report_live(ledger, "l", "a", 1)  # 50 + 1 live + 3 x 50 > 200, though 66 of the pool are free
+    report_live(ledger, "l", "a", 1)  # 50 + 1 live + 3 x 50 > 200, though 70 of the pool are free
 
     assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
     assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
