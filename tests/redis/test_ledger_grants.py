@@ -11,7 +11,15 @@ import pytest
 import redis
 
 from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
-from tests.redis.grants import commit_whole, extend, grant_pool, grant_size, overdrawn, pool_taken
+from tests.redis.grants import (
+    admit_grant,
+    commit_whole,
+    extend,
+    grant_pool,
+    grant_size,
+    overdrawn,
+    pool_taken,
+)
 from tests.support.ledger import (
     DS,
     MAX_NEW,
@@ -28,15 +36,6 @@ from tests.support.ledger import (
 
 pytestmark = pytest.mark.redis
 
-STOP_CHECK_OVERDRAW_BUG = (
-    "budget/lua/stop_check.lua compares tokens + discarded + reserved with the budget itself: it neither "
-    "takes overdrawn_tokens out nor reads discard's pool (budget + 1%), unlike over_budget in _lib.lua"
-)
-EXTEND_TWICE_BUG = (
-    "budget/lua/extend.lua reads each grant once (HMGET) before the loop: a sample asked twice in one call "
-    "has its second grant written over its first while reserved_tokens counts both"
-)
-
 
 def fill(ledger: Ledger, prefix: str = "f", want: int = 0, limit: int = 500) -> list[int]:
     """Admit new samples one at a time until admit says limit; their grants."""
@@ -50,7 +49,16 @@ def fill(ledger: Ledger, prefix: str = "f", want: int = 0, limit: int = 500) -> 
     raise AssertionError(f"admit never said limit in {limit} admits")
 
 
-# --- grant sizing -------------------------------------------------------------------------------------
+def grant_all(ledger: Ledger, sids: list[str], attempt: str = "a1") -> list[int]:
+    """Ask more for ``sids`` (one extend call a round) until a round grants nothing more; their grants."""
+    asks = [(sid, attempt, 10**6) for sid in sids]
+    grants = ledger.extend_many(DS, asks)
+    while (again := ledger.extend_many(DS, asks)) != grants:
+        grants = again
+    return grants
+
+
+# --- grant sizing ----------------------------------------------------------------------------------------
 
 
 def test_first_grants_are_the_whole_want_far_from_the_end(ledger: Ledger) -> None:
@@ -64,32 +72,35 @@ def test_first_grants_are_the_whole_want_far_from_the_end(ledger: Ledger) -> Non
 
 
 def test_grants_shrink_with_what_is_left_and_the_number_in_flight(ledger: Ledger) -> None:
-    make(ledger, token_budget=1000)
+    make(ledger, token_budget=2000)
+    commit_whole(ledger, "c", 100)  # the mean committed length: 100
 
-    caps = [lease(ledger, f"s{i}", want=300) for i in range(4)]
+    caps = [lease(ledger, f"s{i}", want=300) for i in range(12)]
 
-    # 1000 // 2 = 500 -> the whole 300; then 700 // 4, 525 // 6, 438 // 8
-    assert caps == [300, 175, 87, 54]
-    assert ledger.snapshot(DS).reserved_tokens == 616
+    # the whole want while a 1/2 share of what is left per generation holds it; then about a mean answer
+    # (100); then a 1/2 share of what is left, less the 16 left to each one running, per generation
+    assert caps == [300, 300, 100, 100, 100, 76, 59, 47, 38, 31, 26, 22]
+    assert ledger.snapshot(DS).reserved_tokens == 2000 - 100 - 701
 
 
 def test_the_same_want_gets_a_smaller_grant_with_more_in_flight(ledger: Ledger) -> None:
+    make(ledger, "alone", token_budget=2000)
     make(ledger, token_budget=2000)
-    assert lease(ledger, "a", want=100) == 100  # alone: 2000 // 2 = 1000
+    assert lease(ledger, "a", name="alone", want=100) == 100
+    assert lease(ledger, "a", want=100) == 100
 
     for i in range(8):
         lease(ledger, f"s{i}", want=1)
-    left = 2000 - 108
 
-    # the same 1,892 left: 10 in flight with this one, so 1892 // 20 = 94 < 100
-    assert lease(ledger, "b", want=100) == left // 20 == 94
+    # 1,892 left: alone, the whole 100; with 9 in flight an eighth of the want (13), at least 16
+    assert lease(ledger, "b", name="alone", want=100) == 100
+    assert lease(ledger, "b", want=100) == 16
 
 
 def test_a_grant_is_at_least_16_tokens_where_there_is_that_much(ledger: Ledger) -> None:
-    make(ledger, token_budget=100)
-    for i in range(3):
-        lease(ledger, f"s{i}", want=20)
-    # 40 left, 4 in flight with the next: 40 // 8 = 5, but at least 16
+    make(ledger, token_budget=200)
+    assert [lease(ledger, f"s{i}", want=20) for i in range(3)] == [20, 20, 20]
+    # 140 left, 4 in flight with the next: (140 - 3 x 16) // 8 = 11, an eighth of 64 is 8: at least 16
 
     assert lease(ledger, "next") == 16
     assert lease(ledger, "small", want=3) == 3  # never more than wanted
@@ -105,41 +116,50 @@ def test_a_grant_is_never_more_than_is_left(ledger: Ledger, redis_client: redis.
     assert budget_taken(redis_client) == 10
 
 
-def test_grants_fill_the_budget_exactly_and_then_admit_says_limit(
+def test_admit_leaves_16_for_each_one_running_and_extend_grants_the_rest_to_the_end(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=1000)
 
     caps = fill(ledger)
+    left = 1000 - budget_taken(redis_client)
 
-    assert sum(caps) == 1000 == budget_taken(redis_client)
     assert caps == sorted(caps, reverse=True)  # they only shrink as the budget is granted
     assert min(caps[:-1]) >= 16 and caps[-1] >= 1
+    assert 0 < left <= 16 * len(caps)  # what admit would not grant is kept for those running
+    grants = grant_all(ledger, [f"f{i}" for i in range(len(caps))])
+    assert sum(grants) == 1000 == budget_taken(redis_client)  # the budget is granted to the last token
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
 
-def test_a_group_admit_sizes_each_grant_as_admitting_them_one_at_a_time(ledger: Ledger) -> None:
+def test_a_group_admit_counts_the_whole_group_as_coming_as_queued_samples_count(ledger: Ledger) -> None:
+    make(ledger, "alone", token_budget=1000)
+    make(ledger, "queued", token_budget=1000)
     make(ledger, token_budget=1000)
-    make(ledger, "other", token_budget=1000)
 
+    one_at_a_time = [lease(ledger, f"s{i}", name="alone", want=300) for i in range(4)]
     group = ledger.admit_many(DS, [(f"s{i}", "a", 300) for i in range(4)])
-    one_at_a_time = [lease(ledger, f"s{i}", name="other", want=300) for i in range(4)]
+    ledger.enqueue("queued", ["q1", "q2", "q3"], window=10)
+    first_of_four = lease(ledger, "s0", name="queued", want=300)
 
-    assert [cap for _, cap in group.results] == one_at_a_time == [300, 175, 87, 54]
+    # alone, the first holds a 1/2 share of 300; 4 coming, an eighth of the want each (38)
+    assert one_at_a_time == [300, 38, 38, 38]
+    assert [cap for _, cap in group.results] == [38, 38, 38, 38]
+    assert first_of_four == 38
 
 
-def test_grants_follow_the_rule_of_a_share_of_what_is_left_per_generation_in_flight(
+def test_grants_follow_the_rule_of_a_share_of_what_is_left_per_generation_coming(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=5000)
     rng = random.Random(3)
     for i in range(60):
         left = 5000 - budget_taken(redis_client)
-        inflight = redis_client.zcard(keys().lease_zset)
+        leased = redis_client.zcard(keys().lease_zset)
         want = rng.choice([1, 10, MAX_NEW, 300, 900])
         result = ledger.admit(DS, f"s{i}", "a1", want=want)
-        expected = grant_size(left, inflight + 1, want)
-        assert result.cap == expected, (i, left, inflight, want)
+        expected = admit_grant(left, leased, 0, 1, 0, want)
+        assert result.cap == expected, (i, left, leased, want)
         assert result.admission is (Admission.OK if expected else Admission.LIMIT)
 
 
@@ -153,36 +173,39 @@ def test_extend_grants_more_up_to_a_share_of_what_is_left_per_generation_in_flig
     assert lease(ledger, "s1", want=100) == 100
     assert lease(ledger, "s2", want=100) == 100
 
-    # 800 left, 2 in flight: 800 // 4 = 200 more
-    assert extend(ledger, "s1", 500) == 300
+    # 800 left, 2 in flight: a 1/2 share (200) holds the whole ask
+    assert extend(ledger, "s1", 150) == 250
     assert extend(ledger, "s2", 10) == 110  # no more than asked
+    # 640 left: the share (160) does not hold 5,000; an eighth of it does: the share
+    assert extend(ledger, "s1", 5000) == 410
 
-    assert reservations(redis_client) == {"s1": 300, "s2": 110}
-    assert ledger.snapshot(DS).reserved_tokens == 410
+    assert reservations(redis_client) == {"s1": 410, "s2": 110}
+    assert ledger.snapshot(DS).reserved_tokens == 520
 
 
 def test_extend_returns_the_same_grant_when_the_budget_is_fully_granted(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=32)
-    assert lease(ledger, "s1", want=16) == 16
-    assert lease(ledger, "s2") == 16
+    make(ledger, token_budget=64)
+    assert lease(ledger, "s1", want=32) == 32
+    assert lease(ledger, "s2", want=16) == 16
+    assert ledger.extend_many(DS, [("s1", "a1", 50), ("s2", "a1", 50)]) == [48, 16]  # the last 16 to s1
 
-    assert extend(ledger, "s1", 50) == 16
-    assert ledger.extend_many(DS, [("s1", "a1", 50), ("s2", "a1", 50)]) == [16, 16]
+    assert extend(ledger, "s2", 50) == 16
+    assert ledger.extend_many(DS, [("s1", "a1", 50), ("s2", "a1", 50)]) == [48, 16]
 
-    assert reservations(redis_client) == {"s1": 16, "s2": 16}
-    assert budget_taken(redis_client) == 32
+    assert reservations(redis_client) == {"s1": 48, "s2": 16}
+    assert budget_taken(redis_client) == 64
 
 
 def test_extend_gives_what_a_commit_gave_back(ledger: Ledger) -> None:
-    make(ledger, token_budget=32)
-    lease(ledger, "s1", want=16)
-    lease(ledger, "s2", want=16)
-    assert ledger.commit(DS, "s1", "a1", 6) is CommitOutcome.COMMITTED  # 10 of its grant are free again
+    make(ledger, token_budget=64)
+    lease(ledger, "s1", want=32)
+    lease(ledger, "s2", want=16)  # 16 left
+    assert ledger.commit(DS, "s1", "a1", 6) is CommitOutcome.COMMITTED  # 26 of its grant are free again
 
-    assert extend(ledger, "s2", 50) == 26  # what is left is less than the least grant: all of it
-    assert extend(ledger, "s2", 50) == 26
+    # 42 left: at least 16 an ask, then what is left
+    assert [extend(ledger, "s2", 50) for _ in range(4)] == [32, 48, 58, 58]
 
 
 def test_extend_returns_zero_for_an_attempt_that_lost_its_lease(
@@ -230,12 +253,12 @@ def test_several_asks_in_one_call_never_grant_more_than_is_left_in_all(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
-    assert [lease(ledger, f"s{i}", want=16) for i in range(4)] == [16] * 4  # 36 left
+    assert [lease(ledger, f"s{i}", want=16) for i in range(4)] == [16, 16, 16, 4]  # 48 left
 
     after = ledger.extend_many(DS, [(f"s{i}", "a1", 100) for i in range(4)])
 
-    # 36 // 8 = 4, at least 16: 16, 16, the last 4, then nothing
-    assert after == [32, 32, 20, 16]
+    # 48 // 8 = 6, at least 16: 16, 16, 16, then nothing
+    assert after == [32, 32, 32, 4]
     assert sum(after) == 100 == budget_taken(redis_client)
     assert reservations(redis_client) == {f"s{i}": n for i, n in enumerate(after)}
 
@@ -244,12 +267,11 @@ def test_extend_under_discard_grants_from_the_pool(ledger: Ledger, redis_client:
     make(ledger, token_budget=100, on_budget="discard")
     assert lease(ledger, "s1", want=50) == 50
 
-    # 51 left of the pool (101), then what is left, less than the least grant
-    assert [extend(ledger, "s1", 100) for _ in range(4)] == [75, 91, 101, 101]
+    # 51 left of the pool (101): 16 an ask, then what is left, less than the least grant
+    assert [extend(ledger, "s1", 100) for _ in range(5)] == [66, 82, 98, 101, 101]
     assert budget_taken(redis_client) == 101 == grant_pool("discard", 100)
 
 
-@pytest.mark.xfail(strict=True, reason=EXTEND_TWICE_BUG)
 def test_extend_of_a_sample_asked_twice_in_one_call_keeps_reserved_tokens_the_sum_of_the_grants(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
@@ -317,10 +339,12 @@ def test_a_release_past_its_grant_overdraws_only_when_it_counts_against_the_budg
 
 
 def _granted_to_the_end_with_an_overdraw(ledger: Ledger, redis_client: redis.Redis) -> None:
-    """Budget 100, all of it granted (50, 16, 16, 16, 2), then s0 commits 52 on its grant of 50."""
+    """Budget 100, all of it granted (admit, then extend), then s0 commits 2 tokens past its grant."""
     make(ledger, token_budget=100)
-    assert fill(ledger, "s") == [50, 16, 16, 16, 2]
-    assert ledger.commit(DS, "s0", "a1", 52, truncated=True) is CommitOutcome.COMMITTED
+    sids = [f"s{i}" for i in range(len(fill(ledger, "s")))]
+    grants = grant_all(ledger, sids)
+    assert sum(grants) == 100 and len(sids) >= 4
+    assert ledger.commit(DS, "s0", "a1", grants[0] + 2, truncated=True) is CommitOutcome.COMMITTED
     assert overdrawn(redis_client) == 2
     assert budget_taken(redis_client) == 102  # spent + reserved is past the budget by the overdraw
     assert pool_taken(redis_client) == 100
@@ -331,10 +355,9 @@ def test_an_overdraw_alone_does_not_make_progress_stop_what_runs(
 ) -> None:
     _granted_to_the_end_with_an_overdraw(ledger, redis_client)
 
-    assert [progress(ledger, f"s{i}", "a1") for i in range(1, 5)] == [Progress.CONTINUE] * 4
+    assert [progress(ledger, f"s{i}", "a1") for i in range(1, 4)] == [Progress.CONTINUE] * 3
 
 
-@pytest.mark.xfail(strict=True, reason=STOP_CHECK_OVERDRAW_BUG)
 def test_an_overdraw_alone_does_not_make_stop_check_stop_what_runs(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
@@ -386,19 +409,19 @@ def test_discard_grants_from_the_budget_plus_one_percent(ledger: Ledger, redis_c
     commit_new(ledger, "c", 1)  # a mean answer of 1 token: the expected rule never binds here
 
     caps = fill(ledger, "s")
+    grants = grant_all(ledger, [f"s{i}" for i in range(len(caps))])
 
-    assert sum(caps) == 1009  # 1000 + 10 of slack - 1 committed: past the budget itself
+    assert sum(grants) == 1009  # 1000 + 10 of slack - 1 committed: past the budget itself
     assert budget_taken(redis_client) == grant_pool("discard", 1000) == 1010
     assert [progress(ledger, f"s{i}", "a1") for i in range(3)] == [Progress.CONTINUE] * 3
 
 
-@pytest.mark.xfail(strict=True, reason=STOP_CHECK_OVERDRAW_BUG)
 def test_stop_check_lets_discard_generations_holding_the_pools_slack_run(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=1000, on_budget="discard")
     commit_new(ledger, "c", 1)
-    fill(ledger, "s")
+    grant_all(ledger, [f"s{i}" for i in range(len(fill(ledger, "s")))])
     assert budget_taken(redis_client) == 1010  # nothing was lowered: the pool is granted
 
     assert ledger.stop_reasons([DS]) == {DS: ""}
@@ -430,14 +453,16 @@ def _fields(client: redis.Redis) -> dict[str, int]:
 
 
 def _expected_cap(client: redis.Redis, mode: str, budget: int, n: int, want: int) -> int:
-    """What admit must grant the ``n``-th generation in flight (this one included), from the ledger now."""
+    """What admit must grant a group of one, the ``n``-th generation in flight (this one included), from
+    the ledger now (nothing queued)."""
     f = _fields(client)
     spent = f["tokens"] + f["discarded_tokens"]
     if mode == "discard":
         mean = f["tokens"] / f["samples"] if f["samples"] else MAX_NEW
         if spent + f["live_tokens"] + n * mean > budget:
             return 0
-    return grant_size(grant_pool(mode, budget) - spent - f["reserved_tokens"], n, want)
+    mean = f["tokens"] / f["samples"] if f["samples"] else 0
+    return admit_grant(grant_pool(mode, budget) - spent - f["reserved_tokens"], n - 1, 0, 1, 0, want, mean)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -481,7 +506,8 @@ def test_random_interleavings_of_admit_extend_commit_and_release_never_pass_the_
             after = ledger.extend_many(DS, asks)
             for (sid, attempt, more), grant in zip(asks, after, strict=True):
                 _, old, want = running[sid]
-                extra = grant_size(left, len(running), more)  # each ask sized as admit sizes a grant
+                mean = f["tokens"] / f["samples"] if f["samples"] else 0
+                extra = grant_size(left, len(running), more, mean)  # each ask sized as a grant
                 assert grant == old + extra, (step, sid, old, more, left)
                 left -= extra
                 extended += extra > 0
