@@ -483,16 +483,21 @@ class Ledger:
         return AdmitResult(admission, group.state, group.spec if admission is Admission.OK else None, cap)
 
     @_translate_errors
-    def extend_many(self, name: str, asks: Sequence[tuple[str, str, int]]) -> list[int]:
+    def extend_many(
+        self, name: str, asks: Sequence[tuple[str, str, int] | tuple[str, str, int, int]]
+    ) -> list[int]:
         """Ask more of the budget for generations whose streams near their grants, in one call: each
-        ``(sample_id, attempt, more)``, ``more`` the most tokens its generation may still produce. Returns,
-        per ask, its grant after the call (unchanged: none to give now; 0: the lease is no longer this
-        attempt's). See ``budget/lua/extend.lua``."""
+        ``(sample_id, attempt, more[, least])``, ``more`` the most tokens its generation may still produce
+        and ``least`` the fewest worth granting (0, the default: any). Returns, per ask, its grant after the
+        call (unchanged: none to give now; 0: the lease is no longer this attempt's). See
+        ``budget/lua/extend.lua``."""
         if not asks:
             return []
         args: list[Any] = []
-        for sid, attempt, more in asks:
-            args += [sid, attempt, max(0, int(more))]
+        for ask in asks:
+            sid, attempt, more = ask[0], ask[1], ask[2]
+            least = ask[3] if len(ask) > 3 else 0
+            args += [sid, attempt, max(0, int(more)), max(0, int(least))]
         return [int(x) for x in self._call("extend", name, args)]
 
     @_translate_errors

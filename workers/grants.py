@@ -36,8 +36,8 @@ INTERVAL_SHARE: Final = 16
 #: Ask for more at least this many tokens before the grant.
 AHEAD_MIN: Final = 32
 
-#: One ask: (sample_id, attempt, more).
-Ask = tuple[str, str, int]
+#: One ask: (sample_id, attempt, more, least).
+Ask = tuple[str, str, int, int]
 
 
 class GrantExtender:
@@ -50,9 +50,10 @@ class GrantExtender:
     def _extend(self, dataset: str, asks: Sequence[Ask]) -> list[int]:
         return self._ledger.extend_many(dataset, asks)
 
-    def extend(self, dataset: str, sample_id: str, attempt: str, more: int) -> int:
-        """The generation's grant after asking ``more`` (unchanged: nothing to give now; 0: lease lost)."""
-        return self._batcher.call(dataset, (sample_id, attempt, more), hurry=True)
+    def extend(self, dataset: str, sample_id: str, attempt: str, more: int, least: int) -> int:
+        """The generation's grant after asking ``more``, ``least`` the fewest worth having (unchanged:
+        nothing to give now; 0: lease lost)."""
+        return self._batcher.call(dataset, (sample_id, attempt, more, least), hurry=True)
 
 
 def watched_interval(granted: int, paced: int) -> int:
@@ -106,28 +107,38 @@ class GrantWatch:
         return self.granted < self.want
 
     def allows(self, produced: int) -> bool:
-        """Whether the stream may go on, ``produced`` tokens in: asks for more as it nears its grant, and
-        says no where the next chunk (and the abort's lag) could pass what it holds."""
+        """Whether the stream may go on, ``produced`` tokens in: asks for more a chunk before it must stop,
+        and says no where the next chunks (and the abort's lag) could pass what it holds."""
         if not self.limited:
             return True
-        if produced + max(AHEAD_MIN, 2 * self.interval) >= self.granted and self._asked_at != self.granted:
-            self._ask()
+        if (
+            produced + self.margin + max(AHEAD_MIN, self.interval) >= self.granted
+            and self._asked_at != self.granted
+        ):
+            self._ask(produced)
         if self._stops_at(produced) and self._last_word_at != self.granted:
             # one more ask before it stops: another generation may have given tokens back since
             self._last_word_at = self.granted
-            self._ask()
+            self._ask(produced)
         return not self.lost and not self._stops_at(produced)
 
-    def _stops_at(self, produced: int) -> bool:
-        # the next chunk, and as much again that a busy reader may not have read yet, and the abort's lag
-        return self.limited and produced + 2 * self.interval + ABORT_LAG_TOKENS > self.granted
+    @property
+    def margin(self) -> int:
+        """How far before its grant the stream stops: the next chunk, as much again that a reader busy
+        with many streams may not have read yet, and the abort's lag."""
+        return 2 * self.interval + ABORT_LAG_TOKENS
 
-    def _ask(self) -> None:
+    def _stops_at(self, produced: int) -> bool:
+        return self.limited and produced + self.margin > self.granted
+
+    def _ask(self, produced: int) -> None:
         if self.lost:
             return
         before = self.granted
         self._asked_at = before
-        after = self._extender.extend(self.dataset, self.sample_id, self.attempt, self.want - before)
+        # less than would carry the stream a chunk past its stop point would not keep it going
+        least = produced + self.margin + self.interval - before
+        after = self._extender.extend(self.dataset, self.sample_id, self.attempt, self.want - before, least)
         if after <= 0:
             self.lost = True
         else:

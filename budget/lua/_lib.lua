@@ -19,6 +19,8 @@
 --                     hash: their grants): committed + discarded + reserved never exceeds the budget
 --                     (reservations, below)
 --   max_new_tokens    the dataset's max_new_tokens (the most one generation may want)
+--   starved           1 once extend could not give a running generation what it asked (the budget's end:
+--                     no new generation starts while some run; cleared when the limits change)
 --   overdrawn_tokens  tokens committed past their generations' grants (a stream that reached its grant
 --                     generates a step or two more before its abort lands): spent, but never reserved, so
 --                     a lowered budget is judged without them
@@ -60,7 +62,8 @@ end
 -- did not use.
 -- Grants are sized so that every server slot stays busy until the budget is spent (grant_size): the whole
 -- max_new_tokens far from the end, about an answer's length near it, so what the generations in flight
--- hold unused stays small against what is left, and admission goes on until the budget is all granted.
+-- hold unused stays small against what is left; admission goes on while an answer's worth is left beyond
+-- what the running ones may still ask (room_for_new).
 -- discard also admits a generation only while committed + live + the expected length of each generation
 -- in flight stay within the budget (an answer it starts is expected to end whole), and grants from the
 -- budget plus DISCARD_SLACK of it (whole answers may pass the budget by that much; one that would pass it
@@ -119,6 +122,25 @@ local function grant_size(left, inflight, want, mean)
   return math.min(want, left, math.max(math.min(share, step), GRANT_MIN))
 end
 
+-- The budget a new generation may take its grant from, given ``left`` unreserved tokens of the pool and
+-- ``leased`` generations running: 0 when it may not start now. A new generation leaves GRANT_MIN for each
+-- one running (an answer under way is extended before a new one starts), and starts only where an answer
+-- of the mean length (``mean``; an eighth of ``want`` before any) is left beyond that: one started with
+-- less would be cut within a few tokens, a junk answer. Once a running answer asked for more and the
+-- budget could not give it (``starved``), the budget's end has come: what is left goes to the answers
+-- running, and none starts until they are done (every answer cut is then one in flight at the end). With
+-- none running, whatever is left may start one.
+local function room_for_new(left, leased, want, mean, starved)
+  if left <= 0 then return 0 end
+  if leased == 0 then return left end
+  if starved then return 0 end
+  local room = left - GRANT_MIN * leased
+  local step = math.ceil(mean or 0)
+  if step <= 0 then step = math.ceil(want / 8) end
+  if room < math.min(want, step) then return 0 end
+  return room
+end
+
 -- drain only: what the expected rule reads, {committed, live, mean committed length, in flight}.
 local function drain_figures(ledger, leases)
   return {spent(ledger), num(ledger, 'live_tokens'), mean_length(ledger), redis.call('ZCARD', leases)}
@@ -163,7 +185,11 @@ local function budget_blocked(ledger, leases)
   if mode == 'discard' and discard_full(discard_figures(ledger), redis.call('ZCARD', leases) + 1, budget) then
     return true
   end
-  return grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens') < 1
+  local left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
+  local want = num(ledger, 'max_new_tokens')
+  if want <= 0 then want = 128 end
+  local starved = redis.call('HGET', ledger, 'starved') == '1'
+  return room_for_new(left, redis.call('ZCARD', leases), want, mean_length(ledger), starved) <= 0
 end
 
 -- Which committed limit is reached, or nil. The budget is reached once less than the least a new

@@ -31,7 +31,7 @@ local is_done = redis.call('HMGET', done, unpack(sids))
 local is_failed = redis.call('HMGET', failed, unpack(sids))
 local leased = redis.call('ZMSCORE', leases, unpack(sids))
 
-local budget, mode, left, drain, inflight, discard, mean = nil, nil, 0, nil, 0, nil, 0
+local budget, mode, left, drain, inflight, discard, mean, starved = nil, nil, 0, nil, 0, nil, 0, false
 local max, taken, leased_before = nil, 0, 0
 if state == 'active' then
   budget = limit(ledger, 'token_budget')
@@ -45,6 +45,7 @@ if state == 'active' then
       leased_before = redis.call('ZCARD', leases)
       inflight = leased_before + redis.call('ZCARD', queued) + n
       mean = mean_length(ledger)
+      starved = redis.call('HGET', ledger, 'starved') == '1'
       if mode == 'discard' then discard = discard_figures(ledger) end
     end
   end
@@ -81,11 +82,14 @@ for i = 1, n do
     if discard and discard_full(discard, leased_before + #ok_sids + 1, budget) then
       cap = 0
     else
-      -- near the end a new generation leaves GRANT_MIN for each one in flight: an answer running is
-      -- extended before a new one starts (it would be cut soon after), so answers are cut only at the end
-      local room = left
-      if left < GRANT_SHARE * inflight * want then room = left - GRANT_MIN * (leased_before + #ok_sids) end
-      cap = grant_size(room, inflight, want, mean)
+      -- the pool's room for all of them (this group's and those queued behind it) says if a grant can be
+      -- the whole want; a share is of what is left per generation running
+      local room = room_for_new(left, leased_before + #ok_sids, want, mean, starved)
+      if left >= GRANT_SHARE * inflight * want then
+        cap = math.min(want, left)
+      else
+        cap = grant_size(room, leased_before + #ok_sids + 1, want, mean)
+      end
     end
     if cap <= 0 then verdict = 'limit' else left = left - cap end
   end

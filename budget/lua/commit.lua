@@ -79,7 +79,8 @@ for i = 1, n do
     back[#back + 1] = 'revoked'
   elseif max and samples >= max then
     outcome = 'over_limit'
-  elseif not holds and strict_budget and tokens + discarded + reserved_tokens + k > strict_budget then
+  elseif not holds and strict_budget
+      and tokens + discarded - overdrawn + reserved_tokens + k > grant_pool(mode, strict_budget) then
     outcome = 'over_limit'
   end
   if outcome == 'committed' then
