@@ -196,6 +196,9 @@ class DatasetSnapshot:
     #: Of the tokens spent, those generated past their generations' grants (the step or two an abort at
     #: the grant takes to land).
     overdrawn_tokens: int = 0
+    #: A running generation asked for more of the budget and there was none: the budget's end has come
+    #: (no new generation starts while some run).
+    starved: bool = False
     #: Of ``tokens``, those the model spent thinking (reasoning models); the rest is ``answer_tokens``.
     reasoning_tokens: int = 0
     #: Committed samples whose generation ended at the dataset's ``max_new_tokens``.
@@ -671,6 +674,7 @@ class Ledger:
             output_error=f"{f['output_error_by']}: {f['output_error']}" if f.get("output_error") else "",
             reserved_tokens=n("reserved_tokens"),
             overdrawn_tokens=n("overdrawn_tokens"),
+            starved=f.get("starved") == "1",
             reasoning_tokens=n("reasoning_tokens"),
             hit_max_new=n("hit_max_new"),
             longest=n("longest"),

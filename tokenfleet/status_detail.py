@@ -183,6 +183,8 @@ def dataset_detail(
                 Text(f"budget {duration(p.eta_budget_s)}, source {duration(p.eta_source_s)}"),
             )
         )
+    if p.regime is not None:
+        progress.append(("budget", Text(p.regime, style="yellow" if p.regime == "final stretch" else "")))
     progress.append(("problems", problems_text(s)))
     outcomes = [
         ("committed", Text(exact(s.samples))),

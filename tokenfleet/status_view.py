@@ -64,6 +64,36 @@ class Projection:
     #: current token rate: fleet (wall-clock) time, not GPU-seconds summed over the GPUs.
     remaining_tokens: int | None = None
     remaining_s: float | None = None
+    #: Where a budgeted dataset stands (``budget_regime``): "full speed", "final stretch", "spent"; None
+    #: without a token budget.
+    regime: str | None = None
+
+
+def budget_regime(s: DatasetSnapshot) -> str | None:
+    """ "full speed" while every generation the servers take may start; "final stretch" once the answers in
+    flight are expected to fill what is left of the budget (at the mean length each), or one of them asked
+    for more and there was none: they finish, or are cut at the budget, and few or none start; "spent"
+    once exhausted. None without a token budget (or once revoked)."""
+    if s.token_budget is None or s.state == "revoked":
+        return None
+    if s.state == "exhausted":
+        return "spent"
+    mean = s.tokens / s.samples if s.samples else 0.0
+    left = s.token_budget - s.tokens - s.discarded_tokens - s.live_tokens
+    if s.starved or left <= max(0.0, s.inflight * mean - s.live_tokens):
+        return "final stretch"
+    return "full speed"
+
+
+def tail_s(s: DatasetSnapshot) -> float:
+    """Seconds the last answers of a budget that keeps whole answers (discard, drain) run past what the
+    token rate says: at its end fewer run, and the long ones finish last, at one stream's speed. 0 under
+    truncate, whose last answers are cut at the budget."""
+    if s.on_budget == "truncate" or not s.samples or s.tokens_per_s <= 0 or not s.inflight:
+        return 0.0
+    p95 = s.tokens_per_sample_p95 or 0
+    per_stream = s.tokens_per_s / s.inflight
+    return max(0.0, p95 - s.tokens / s.samples) / per_stream
 
 
 def expected_samples(s: DatasetSnapshot) -> int | None:
@@ -99,7 +129,7 @@ def project(s: DatasetSnapshot) -> Projection:
     mean = s.tokens / s.samples if s.samples else 0.0
     eta_budget = eta_source = None
     if s.token_budget is not None and s.tokens_per_s > 0:
-        eta_budget = max(0.0, s.token_budget - spent - s.live_tokens) / s.tokens_per_s
+        eta_budget = max(0.0, s.token_budget - spent - s.live_tokens) / s.tokens_per_s + tail_s(s)
     left = unfed(s)
     if left is not None and s.samples_per_s > 0:
         eta_source = (left + s.pending + s.queued + s.inflight) / s.samples_per_s
@@ -110,7 +140,7 @@ def project(s: DatasetSnapshot) -> Projection:
             waste = s.discarded_tokens
         elif s.on_budget == "drain":  # the running generations finish: their expected rest
             overshoot, waste = int(max(0.0, s.inflight * mean - s.live_tokens)), 0
-        else:  # truncate, discard: every generation was sent capped at its reservation of the budget
+        else:  # truncate, discard: every generation holds a grant of the budget (budget/lua/_lib.lua)
             overshoot, waste = 0, 0
     if s.settled:
         eta: float | None = 0.0
@@ -125,7 +155,9 @@ def project(s: DatasetSnapshot) -> Projection:
             remaining_s = 0.0
         elif s.tokens_per_s > 0:
             remaining_s = remaining / s.tokens_per_s
-    return Projection(eta_budget, eta_source, eta, overshoot, waste, final, remaining, remaining_s)
+    return Projection(
+        eta_budget, eta_source, eta, overshoot, waste, final, remaining, remaining_s, budget_regime(s)
+    )
 
 
 def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
@@ -158,6 +190,7 @@ def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
         "eta_budget_s": _round(p.eta_budget_s),
         "eta_source_s": _round(p.eta_source_s),
         "eta_s": _round(p.eta_s),
+        "budget_regime": p.regime,
         "projected_overshoot_tokens": p.overshoot_tokens,
         "projected_waste_tokens": p.waste_tokens,
         "reasoning_tokens": s.reasoning_tokens,

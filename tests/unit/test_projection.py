@@ -114,3 +114,29 @@ def test_status_json_of_a_dataset_without_samples_says_none_for_per_sample_figur
     assert out["longest_sample_tokens"] is None
     assert out["hit_max_new_share"] is None
     assert out["reasoning_tokens"] == out["answer_tokens"] == 0
+
+
+def test_a_budget_is_at_full_speed_until_the_answers_in_flight_are_expected_to_fill_what_is_left() -> None:
+    # 40 tokens per answer so far; 2 in flight have produced 30 of the 80 they are expected to
+    far = snap(tokens=1000, samples=25, token_budget=5000, live_tokens=30)
+    near = snap(tokens=4800, samples=120, token_budget=5000, live_tokens=30, inflight=5)
+
+    assert project(far).regime == "full speed"
+    assert project(near).regime == "final stretch"  # 170 left, 5 x 40 - 30 = 170 expected
+    assert project(dataclasses.replace(far, starved=True)).regime == "final stretch"
+    assert project(dataclasses.replace(far, state=DatasetState.EXHAUSTED)).regime == "spent"
+    assert project(snap(tokens=1000, samples=25)).regime is None
+    assert snapshot_json(near)["budget_regime"] == "final stretch"
+
+
+def test_the_eta_of_a_budget_that_keeps_whole_answers_adds_the_longest_answers_tail() -> None:
+    lengths = {bucket_of(40): 90, bucket_of(400): 10}  # a p95 of about 400 tokens, a mean of 76
+    base = snap(tokens=7600, samples=100, token_budget=20_000, inflight=10, lengths=lengths)
+    base = dataclasses.replace(base, tokens_per_s=1000.0)  # 100 tokens/s per stream
+    truncate, discard = project(base), project(dataclasses.replace(base, on_budget="discard"))
+
+    assert truncate.eta_budget_s == pytest.approx((20_000 - 7600) / 1000.0)
+    p95 = dataclasses.replace(base, on_budget="discard").tokens_per_sample_p95
+    assert p95 is not None and p95 >= 400
+    # the answers of p95 length still to finish, at one stream's speed, after the rate's own estimate
+    assert discard.eta_budget_s == pytest.approx((20_000 - 7600) / 1000.0 + (p95 - 76) / 100.0)
