@@ -7,8 +7,8 @@ import math
 
 import redis
 
-from budget import Admission, CommitOutcome, Ledger
-from tests.support.ledger import DS, keys
+from budget import Ledger
+from tests.support.ledger import DS, commit_new, keys
 
 #: The rule's constants (budget/lua/_lib.lua: GRANT_SHARE, GRANT_MIN, DISCARD_SLACK).
 GRANT_SHARE = 2
@@ -25,36 +25,92 @@ def overdrawn(client: redis.Redis, name: str = DS) -> int:
     return field(client, name, "overdrawn_tokens")
 
 
+def is_starved(client: redis.Redis, name: str = DS) -> bool:
+    """Whether extend found the budget's end (the ledger's ``starved`` field is 1)."""
+    return client.hget(keys(name).ledger_hash, "starved") == "1"
+
+
 def grant_pool(mode: str, budget: int) -> int:
     """What a budget may grant in all: discard grants 1% more (whole answers)."""
     return budget + budget // 100 if mode == "discard" else budget
 
 
+def _step(want: int, mean: float) -> int:
+    """About an answer's length: the mean committed length, an eighth of the want before any."""
+    return math.ceil(mean) if mean > 0 else math.ceil(want / 8)
+
+
 def grant_size(left: int, inflight: int, want: int, mean: float = 0) -> int:
-    """The grant the scripts give (grant_size in _lib.lua), ``inflight`` generations holding grants or about
-    to (leases and queued samples) and ``mean`` the mean committed length (0: none yet): the whole want where
-    a 1/2 share of what is left per generation holds it; else about a mean answer (an eighth of the want
-    before any), at most that share, at least 16 where there is that much, never more than wanted or left."""
+    """The grant the scripts give (grant_size in _lib.lua), ``inflight`` generations sharing what is left and
+    ``mean`` the mean committed length (0: none yet): the whole want where a 1/2 share of what is left per
+    generation holds it; else about a mean answer (an eighth of the want before any), at most that share, at
+    least 16 where there is that much, never more than wanted or left."""
     if want <= 0 or left <= 0:
         return 0
     share = left // (GRANT_SHARE * max(1, inflight))
     if share >= want:
         return min(want, left)
-    step = math.ceil(mean) if mean > 0 else math.ceil(want / 8)
-    return min(want, left, max(min(share, step), GRANT_MIN))
+    return min(want, left, max(min(share, _step(want, mean)), GRANT_MIN))
+
+
+def room_for_new(left: int, leased: int, want: int, mean: float = 0, starved: bool = False) -> int:
+    """What a new generation may take its grant from (room_for_new in _lib.lua), ``leased`` running: all that
+    is left with none running; else what is left beyond 16 for each one running, where that is at least a
+    mean answer (or the want, if smaller), and 0 otherwise. Starved (extend found the budget's end), the
+    room must hold twice the 16 for each one running and that answer."""
+    if left <= 0:
+        return 0
+    if leased == 0:
+        return left
+    room = left - GRANT_MIN * leased
+    least = min(want, _step(want, mean))
+    if starved:
+        least = 2 * (GRANT_MIN * leased + least)
+    return room if room >= least else 0
 
 
 def admit_grant(
-    left: int, leased: int, queued: int, group: int, before: int, want: int, mean: float = 0
+    left: int,
+    leased: int,
+    queued: int,
+    group: int,
+    before: int,
+    want: int,
+    mean: float = 0,
+    starved: bool = False,
 ) -> int:
     """The grant admit.lua gives a sample of a group of ``group`` (``before`` of them admitted ahead of it),
-    ``leased`` leases held and ``queued`` other samples queued: near the end (a 1/2 share per generation
-    coming no longer holds the want) a new one leaves 16 tokens for each one in flight."""
+    ``leased`` leases held and ``queued`` other samples queued: the whole want (or what is left) where the
+    pool holds every one coming (leases, queued, the group) twice over; else a grant (grant_size) of the room
+    a new one has (room_for_new) shared among those running with it."""
     inflight = leased + queued + group
-    room = left
-    if left < GRANT_SHARE * inflight * want:
-        room = left - GRANT_MIN * (leased + before)
-    return grant_size(room, inflight, want, mean)
+    running = leased + before
+    if left >= GRANT_SHARE * inflight * want:
+        return min(want, left)
+    return grant_size(room_for_new(left, running, want, mean, starved), running + 1, want, mean)
+
+
+def extend_grant(left: int, inflight: int, more: int, mean: float = 0, least: int = 0) -> tuple[int, bool]:
+    """What extend.lua adds to a grant asking ``more`` (at least ``least`` worth granting), ``inflight``
+    leases and queued samples sharing ``left``: (the tokens it adds, whether it finds the budget starved).
+    A grant_size below ``least`` is raised to ``least`` where that much is left; else all that is left is
+    given and the dataset is starved."""
+    least = min(more, least)
+    extra = grant_size(left, inflight, more, mean)
+    if extra >= least:
+        return extra, False
+    extra = min(least, left)
+    return max(0, extra), extra < least
+
+
+def expected_length(tokens: int, samples: int, tokens_sq: int, max_new: int) -> float:
+    """The length discard expects of an answer in flight (discard_figures in _lib.lua): E[L^2] / E[L] of the
+    committed lengths where the ledger keeps their squares, their mean else, ``max_new`` before any."""
+    if tokens > 0 and tokens_sq > 0:
+        return tokens_sq / tokens
+    if samples > 0 and tokens > 0:
+        return tokens / samples
+    return max_new or 128
 
 
 def pool_taken(client: redis.Redis, name: str = DS) -> int:
@@ -66,20 +122,14 @@ def pool_taken(client: redis.Redis, name: str = DS) -> int:
     return int(tokens or 0) + int(discarded or 0) - int(over or 0) + int(reserved or 0)
 
 
-def extend(ledger: Ledger, sid: str, more: int, attempt: str = "a1", name: str = DS) -> int:
-    """Ask ``more`` tokens for one generation; its grant after the call."""
-    return ledger.extend_many(name, [(sid, attempt, more)])[0]
+def extend(ledger: Ledger, sid: str, more: int, attempt: str = "a1", name: str = DS, least: int = 0) -> int:
+    """Ask ``more`` tokens (``least`` the fewest worth granting) for one generation; its grant after the
+    call."""
+    return ledger.extend_many(name, [(sid, attempt, more, least)])[0]
 
 
 def commit_whole(ledger: Ledger, sid: str, tokens: int, name: str = DS) -> None:
     """Admit ``sid`` wanting ``tokens``, ask more (extend) until its grant holds them all, as a worker
-    whose stream nears its grant does, and commit them: nothing is overdrawn. The budget must have room."""
-    attempt = f"{sid}-a1"
-    result = ledger.admit(name, sid, attempt, want=max(1, tokens))
-    assert result.admission is Admission.OK, result
-    grant = result.cap
-    while grant < tokens:
-        more = ledger.extend_many(name, [(sid, attempt, tokens - grant)])[0]
-        assert more > grant, (sid, tokens, grant)  # the budget had room: every ask gets some
-        grant = more
-    assert ledger.commit(name, sid, attempt, tokens) is CommitOutcome.COMMITTED
+    whose stream nears its grant does, and commit them: nothing is overdrawn. The budget must have room
+    (``commit_new`` of tests/support/ledger.py)."""
+    commit_new(ledger, sid, tokens, name=name)

@@ -519,7 +519,7 @@ def test_a_commit_without_the_lease_is_refused_where_the_budget_has_no_room_for_
     # past the budget (truncate, discard). Where there is room it still counts.
     make(ledger, token_budget=40)
     assert lease(ledger, "s1", "new", want=20) == 20  # the sample's new attempt is granted 20
-    assert lease(ledger, "s2", "a1") == 4  # 20 left, 16 of them for s1
+    assert lease(ledger, "s2", "a1", want=16) == 4  # 20 left, 16 of them for s1; 4 beyond, an eighth of 16
 
     outcomes = ledger.commit_many(DS, [CommitItem("s1", "old", 17), CommitItem("s3", "old", 16)])
 

@@ -19,12 +19,6 @@ pytestmark = pytest.mark.redis
 
 PUB, SKIP, FULL = ENQUEUE_PUBLISH, ENQUEUE_SKIP, ENQUEUE_WINDOW_FULL
 
-ENQUEUE_ADMIT_BUG = (
-    "budget_blocked in budget/lua/_lib.lua publishes while the pool has a token unreserved, but admit.lua "
-    "(since db21da6) says limit once what is left is no more than 16 per generation in flight"
-)
-
-
 # --- enqueue ----------------------------------------------------------------------------------------
 
 
@@ -151,7 +145,6 @@ def test_enqueue_under_truncate_returns_budget_in_flight_once_grants_take_the_re
     assert queued(redis_client) == set()
 
 
-@pytest.mark.xfail(strict=True, reason=ENQUEUE_ADMIT_BUG)
 def test_enqueue_returns_budget_in_flight_where_admit_would_say_limit_for_the_16_left_to_each_one_running(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
@@ -175,16 +168,16 @@ def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) ->
 def test_enqueue_under_discard_returns_budget_in_flight_once_a_mean_answer_per_generation_no_longer_fits(
     ledger: Ledger,
 ) -> None:
-    make(ledger, token_budget=200, on_budget="discard")
-    commit_new(ledger, "c", 50)  # the mean committed length: 50
-    assert lease(ledger, "l", "a") == MAX_NEW
-    # 50 committed + 2 in flight x 50 = 150 <= 200
+    make(ledger, token_budget=1000, on_budget="discard")
+    commit_new(ledger, "c", 250)  # the mean committed length: 250
+    assert lease(ledger, "l", "a") == MAX_NEW  # far from the end: the whole want
+    # 250 committed + 2 in flight x 250 = 750 <= 1000
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
-    assert lease(ledger, "s1", "a") == 18  # 88 left of the pool (202), 16 of them for l: 72 // 4
-    # 50 + 3 x 50 = 200 <= 200: one more fits
+    assert lease(ledger, "s1", "a") == MAX_NEW
+    # 250 + 3 x 250 = 1000 <= 1000: one more fits
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
-    report_live(ledger, "l", "a", 1)  # 50 + 1 live + 3 x 50 > 200, though 70 of the pool are free
+    report_live(ledger, "l", "a", 1)  # 250 + 1 live + 3 x 250 > 1000, though 632 of the pool are free
 
     assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
     assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
