@@ -564,7 +564,8 @@ class LoadTimeline(TokenTimeline):
 
     def __init__(self, url: str, every_s: float = 0.1) -> None:
         super().__init__(url, every_s)
-        self.running: list[tuple[int, int]] = []  # (tokens generated so far, requests running)
+        #: (tokens generated so far, requests running, requests waiting in the server's queue)
+        self.running: list[tuple[int, int, int]] = []
 
     def _run(self) -> None:
         with httpx.Client(timeout=10) as client:
@@ -572,7 +573,7 @@ class LoadTimeline(TokenTimeline):
                 totals = client.get(self.url + "/sim/stats?totals=1").json()
                 tokens = int(totals["generated_tokens"]) - self._base
                 self.points.append((time.monotonic(), tokens))
-                self.running.append((tokens, int(totals["running"])))
+                self.running.append((tokens, int(totals["running"]), int(totals["waiting"])))
 
     def last_token_at(self) -> float:
         total = self.points[-1][1] if self.points else 0
@@ -581,11 +582,16 @@ class LoadTimeline(TokenTimeline):
     def full_share(self, inflight: int, budget: int, upto: float = 0.98) -> float:
         """The 10th percentile of running / ``inflight`` from the first reading at 90% of it until
         ``upto`` of ``budget`` was generated: how full the server was kept up to the budget's end."""
-        start = next((i for i, (_, r) in enumerate(self.running) if r >= 0.9 * inflight), None)
+        start = next((i for i, (_, r, _) in enumerate(self.running) if r >= 0.9 * inflight), None)
         if start is None:
             return 0.0
-        shares = sorted(r / inflight for n, r in self.running[start:] if n < upto * budget)
+        shares = sorted(r / inflight for n, r, _ in self.running[start:] if n < upto * budget)
         return shares[len(shares) // 10] if shares else float("nan")
+
+    def at_the_end(self, budget: int, share: float = 0.98) -> int:
+        """The most requests at the server (running and waiting) once ``share`` of ``budget`` was generated:
+        the generations in flight at the budget's end."""
+        return max((r + w for n, r, w in self.running if n >= share * budget), default=0)
 
 
 def section_budget_speed(args: argparse.Namespace) -> list[str]:
@@ -634,6 +640,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                                 "server": server,
                                 "kept": snap.tokens,
                                 "cut": snap.truncated,
+                                "end": timeline.at_the_end(budget),
                                 "thrown": snap.discarded_tokens,
                             }
                         )
@@ -641,6 +648,10 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                             f"  {workload} / {inflight} / {policy} run {i + 1}: {cells[policy][-1]}",
                             file=sys.stderr,
                         )
+
+                def med(runs: list[dict[str, float]], key: str) -> float:
+                    return median([c[key] for c in runs])
+
                 base = median([c["s"] for c in cells["none"]])
                 for policy, runs in cells.items():
                     ratios = [c["s"] / b["s"] for c, b in zip(runs, cells["none"], strict=True)]
@@ -655,7 +666,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                             "—"
                             if policy == "none"
                             else f"{median([c['server'] for c in runs]) / budget - 1:+.3%}",
-                            "—" if policy == "none" else f"{median([c['cut'] for c in runs]):.0f}",
+                            "—" if policy == "none" else f"{med(runs, 'cut'):.0f} of {med(runs, 'end'):.0f}",
                             "—" if policy == "none" else f"{median([c['thrown'] for c in runs]):,.0f}",
                         ]
                     )
@@ -674,7 +685,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                 "ratio (goal <= 1.15, discard 1.3)",
                 "server full until 98% (p10 of running / in flight)",
                 "server tokens past budget",
-                "answers cut",
+                "answers cut, of those in flight at the end",
                 "tokens thrown away",
             ],
             rows,

@@ -30,9 +30,9 @@ from workers.batching import CallBatcher
 #: lands, and one for the abort's own round trip.
 ABORT_LAG_TOKENS: Final = 2
 #: The least ``stream_interval`` a grant-watched stream asks for.
-INTERVAL_MIN: Final = 4
+INTERVAL_MIN: Final = 16
 #: A grant-watched stream asks for a chunk every this fraction of its grant.
-INTERVAL_SHARE: Final = 16
+INTERVAL_SHARE: Final = 4
 #: Ask for more at least this many tokens before the grant.
 AHEAD_MIN: Final = 32
 
@@ -40,12 +40,29 @@ AHEAD_MIN: Final = 32
 Ask = tuple[str, str, int, int]
 
 
+#: The most a stream's stop is moved ahead of its grant for the streams' measured lag.
+LAG_MAX_TOKENS: Final = 256
+
+
 class GrantExtender:
-    """One per worker process: the asks for more of a budget, grouped into one ledger call per dataset."""
+    """One per worker process: the asks for more of a budget, grouped into one ledger call per dataset;
+    and how far past its stop point a stream stopped at its grant still went (``lag_tokens``): the server
+    generates on while this process reads its chunks, later when it is busy, and a stop is moved ahead by
+    that much, learned from the streams stopped so far."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._batcher: CallBatcher[str, Ask, int] = CallBatcher("extender", self._extend)
         self._ledger = ledger
+        self.lag_tokens = float(ABORT_LAG_TOKENS)
+
+    def stopped(self, granted: int, generated: int, interval: int) -> None:
+        """A stream of chunks of ``interval`` tokens, stopped at its grant of ``granted``, ended with
+        ``generated``. With the lag right, a stream ends between one and two chunks before its grant
+        (it stops at the first chunk within two chunks and the lag of it), never past it: the lag moves by
+        half of how far the stream ended from one chunk short of its grant (a stop before the grant wastes
+        nothing: what is left goes back to the budget)."""
+        lag = self.lag_tokens + 0.5 * (generated - granted + interval)
+        self.lag_tokens = min(float(LAG_MAX_TOKENS), max(float(ABORT_LAG_TOKENS), lag))
 
     def _extend(self, dataset: str, asks: Sequence[Ask]) -> list[int]:
         return self._ledger.extend_many(dataset, asks)
@@ -125,8 +142,8 @@ class GrantWatch:
     @property
     def margin(self) -> int:
         """How far before its grant the stream stops: the next chunk, as much again that a reader busy
-        with many streams may not have read yet, and the abort's lag."""
-        return 2 * self.interval + ABORT_LAG_TOKENS
+        with many streams may not have read yet, and the lag measured (``GrantExtender.stopped``)."""
+        return 2 * self.interval + round(self._extender.lag_tokens)
 
     def _stops_at(self, produced: int) -> bool:
         return self.limited and produced + self.margin > self.granted

@@ -374,6 +374,8 @@ class SampleRunner:
                     return self._give_back(a, state or request.handle.reason, verdict, kept)
             if stop is not None:
                 verdict, state = stop
+                if grant is not None and verdict is Progress.STOP:
+                    self.extender.stopped(grant.granted, gen.completion_tokens, grant.interval)
                 return self._stopped(a, gen, verdict, state)
             if gen.aborted:
                 # Aborted by a dataset-wide abort (budget reached, revoked) or by the server on its own

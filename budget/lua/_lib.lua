@@ -13,6 +13,8 @@
 --   hit_max_new       committed samples whose generation ended at the dataset's max_new_tokens (not one
 --                     cut short by its reservation of the budget: that one is truncated)
 --   longest           the most completion tokens of one committed sample (caps the length percentiles)
+--   tokens_sq         the sum of the squares of the committed samples' tokens (with tokens and samples:
+--                     the length an answer in flight is expected to have, longer than the mean: discard)
 --   live_tokens       tokens generated so far by in-flight attempts (sum of the live hash; workers report
 --                     them every few seconds: for status only, never for a budget decision)
 --   reserved_tokens   tokens reserved by in-flight attempts under a token budget (sum of the reserved
@@ -128,16 +130,18 @@ end
 -- of the mean length (``mean``; an eighth of ``want`` before any) is left beyond that: one started with
 -- less would be cut within a few tokens, a junk answer. Once a running answer asked for more and the
 -- budget could not give it (``starved``), the budget's end has come: what is left goes to the answers
--- running, and none starts until they are done (every answer cut is then one in flight at the end). With
--- none running, whatever is left may start one.
+-- running, and none starts until twice that much is left again (what answers cut early or ending short
+-- give back), so answers are cut at the end and not in turns with new ones. With none running, whatever
+-- is left may start one.
 local function room_for_new(left, leased, want, mean, starved)
   if left <= 0 then return 0 end
   if leased == 0 then return left end
-  if starved then return 0 end
   local room = left - GRANT_MIN * leased
   local step = math.ceil(mean or 0)
   if step <= 0 then step = math.ceil(want / 8) end
-  if room < math.min(want, step) then return 0 end
+  local least = math.min(want, step)
+  if starved then least = 2 * (GRANT_MIN * leased + least) end
+  if room < least then return 0 end
   return room
 end
 
@@ -156,10 +160,15 @@ local function drain_full(figures, inflight, budget)
   return committed + live + expected >= budget
 end
 
--- discard only: {committed + discarded + live, the length a generation is expected to have in all (the mean
--- committed, max_new_tokens before any)}.
+-- discard only: {committed + discarded + live, the length a generation in flight is expected to have in
+-- all}. Long answers stay in flight longer, so the answers in flight are a length-biased draw: their
+-- expected length is E[L^2] / E[L] of the committed lengths, not their mean (a third more for lengths with
+-- a lognormal sigma of 0.5); max_new_tokens before any is committed.
 local function discard_figures(ledger)
-  local mean = mean_length(ledger)
+  local tokens = num(ledger, 'tokens')
+  local mean = 0
+  if tokens > 0 then mean = num(ledger, 'tokens_sq') / tokens end
+  if mean <= 0 then mean = mean_length(ledger) end
   if mean <= 0 then mean = num(ledger, 'max_new_tokens') end
   if mean <= 0 then mean = 128 end
   return {spent(ledger) + num(ledger, 'live_tokens'), mean}

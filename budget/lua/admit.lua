@@ -85,7 +85,7 @@ for i = 1, n do
       -- the pool's room for all of them (this group's and those queued behind it) says if a grant can be
       -- the whole want; a share is of what is left per generation running
       local room = room_for_new(left, leased_before + #ok_sids, want, mean, starved)
-      if left >= GRANT_SHARE * inflight * want then
+      if room > 0 and left >= GRANT_SHARE * inflight * want then
         cap = math.min(want, left)
       else
         cap = grant_size(room, leased_before + #ok_sids + 1, want, mean)

@@ -19,7 +19,7 @@ local n = #ARGV / STRIDE
 local out = {}
 local f = redis.call('HMGET', ledger, 'state', 'max_samples', 'tokens', 'samples', 'truncated',
   'live_tokens', 'reserved_tokens', 'wasted_tokens', 'token_budget', 'on_budget', 'discarded_tokens',
-  'reasoning_tokens', 'hit_max_new', 'longest', 'max_new_tokens', 'overdrawn_tokens')
+  'reasoning_tokens', 'hit_max_new', 'longest', 'max_new_tokens', 'overdrawn_tokens', 'tokens_sq')
 local state = f[1]
 -- an attempt that ends after the dataset was forgotten must not bring its ledger back
 if not state then
@@ -41,6 +41,7 @@ local strict_budget = mode ~= 'drain' and budget or nil
 local discarded = tonumber(f[11]) or 0
 local reasoning, hit_max_new, longest = tonumber(f[12]) or 0, tonumber(f[13]) or 0, tonumber(f[14]) or 0
 local overdrawn = tonumber(f[16]) or 0
+local tokens_sq = tonumber(f[17]) or 0
 -- reservations exist only while some are held (a dataset without a token budget never has any)
 local reserved_of = {}
 if reserved_tokens ~= 0 then reserved_of = redis.call('HMGET', reserved, unpack(sids)) end
@@ -89,6 +90,7 @@ for i = 1, n do
     done_args[#done_args + 1] = attempt
     committed_sids[#committed_sids + 1] = sid
     tokens = tokens + k
+    tokens_sq = tokens_sq + k * k
     -- a stream stopped at its grant may pass it by the step or two its abort took to land
     if grant > 0 and k > grant then overdrawn = overdrawn + k - grant end
     samples = samples + 1
@@ -129,7 +131,7 @@ if new_samples > 0 and (state == 'active' or state == 'exhausted') then
 end
 local fields = {'tokens', tokens, 'samples', samples, 'truncated', truncated,
   'live_tokens', live_tokens, 'reserved_tokens', reserved_tokens, 'wasted_tokens', wasted,
-  'reasoning_tokens', reasoning, 'hit_max_new', hit_max_new, 'longest', longest}
+  'reasoning_tokens', reasoning, 'hit_max_new', hit_max_new, 'longest', longest, 'tokens_sq', tokens_sq}
 if overdrawn > 0 then
   fields[#fields + 1] = 'overdrawn_tokens'
   fields[#fields + 1] = overdrawn

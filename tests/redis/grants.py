@@ -81,13 +81,14 @@ def admit_grant(
 ) -> int:
     """The grant admit.lua gives a sample of a group of ``group`` (``before`` of them admitted ahead of it),
     ``leased`` leases held and ``queued`` other samples queued: the whole want (or what is left) where the
-    pool holds every one coming (leases, queued, the group) twice over; else a grant (grant_size) of the room
-    a new one has (room_for_new) shared among those running with it."""
+    pool holds every one coming (leases, queued, the group) twice over and a new one may start; else a
+    grant (grant_size) of the room a new one has (room_for_new) shared among those running with it."""
     inflight = leased + queued + group
     running = leased + before
-    if left >= GRANT_SHARE * inflight * want:
+    room = room_for_new(left, running, want, mean, starved)
+    if room > 0 and left >= GRANT_SHARE * inflight * want:
         return min(want, left)
-    return grant_size(room_for_new(left, running, want, mean, starved), running + 1, want, mean)
+    return grant_size(room, running + 1, want, mean)
 
 
 def extend_grant(left: int, inflight: int, more: int, mean: float = 0, least: int = 0) -> tuple[int, bool]:

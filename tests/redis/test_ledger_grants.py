@@ -40,12 +40,6 @@ from tests.support.ledger import (
 
 pytestmark = pytest.mark.redis
 
-STARVED_ADMIT_BUG = (
-    "admit.lua (98bc874) gives the whole want where left >= GRANT_SHARE * inflight * want without asking "
-    "room_for_new: starved, a new generation starts while some run where budget_blocked (enqueue) says "
-    "budget in flight"
-)
-
 
 def fill(ledger: Ledger, prefix: str = "f", want: int = 0, limit: int = 500) -> list[int]:
     """Admit new samples one at a time until admit says limit; their grants."""
@@ -405,7 +399,6 @@ def test_starved_admit_says_limit_for_new_samples_while_some_run_and_admits_with
     assert is_starved(redis_client)  # only the limits changing clear it
 
 
-@pytest.mark.xfail(strict=True, reason=STARVED_ADMIT_BUG)
 def test_starved_admit_says_limit_while_some_run_even_where_the_pool_holds_every_one_coming_twice_over(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
