@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -49,7 +50,15 @@ DEMO_CAPPED_SAMPLES: Final = 20
 LONG_PROMPTS: Final = 6000
 LONG_TOKENS: Final = 256
 JOB_TIMEOUT_S: Final = 300.0
+#: A revoked dataset commits no token later than this after the command returned (queued tasks are purged,
+#: in-flight generations aborted), measured by a status poll every second.
+REVOKE_STOPS_WITHIN_S: Final = 5.0
 COMMAND_TIMEOUT_S: Final = 600.0
+#: What compose.yaml reads (.env.example lists it all) comes from the check's own env file, not from this
+#: shell, except where the build gets its base image and packages (a machine's mirror applies).
+STACK_VARIABLES: Final = frozenset(
+    re.findall(r"^#? ?([A-Z][A-Z0-9_]*)=", (REPO / ".env.example").read_text(), flags=re.MULTILINE)
+) - {"PYTHON_IMAGE", "PIP_INDEX_URL"}
 T = TypeVar("T")
 
 
@@ -105,7 +114,9 @@ class Stack:
     def compose(self, *args: str, check: bool = True, timeout: float = COMMAND_TIMEOUT_S) -> str:
         argv = ["docker", "compose", "--project-directory", str(REPO), "-p", self.project]
         argv += ["--env-file", str(self.env_file), *args]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")} | self.overrides
+        env = {
+            k: v for k, v in os.environ.items() if k not in STACK_VARIABLES and not k.startswith("COMPOSE_")
+        } | self.overrides
         done = subprocess.run(
             argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
         )
@@ -245,6 +256,27 @@ def kill_submit(stack: Stack) -> None:
     stack.compose("exec", "-T", "producer", "python", "-c", code)
 
 
+def follow_until_exited(stack: Stack, name: str, since: float) -> list[tuple[float, dict[str, Any]]]:
+    """The dataset's figures every second from ``since`` (monotonic) until the producer exited, logged."""
+    timeline: list[tuple[float, dict[str, Any]]] = []
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline:
+        d = stack.datasets()[name]
+        at = time.monotonic() - since
+        if not timeline or any(
+            d[k] != timeline[-1][1][k] for k in ("tokens", "samples", "inflight", "state")
+        ):
+            log(
+                f"  +{at:5.1f} s: {d['state']}, {d['tokens']} tokens, {d['samples']} samples, "
+                f"{d['inflight']} in flight, {d['queued']} queued, settled {d['settled']}"
+            )
+        timeline.append((at, d))
+        if exited(stack, "producer") is not None:
+            return timeline
+        time.sleep(1.0)
+    raise CheckFailed(f"the producer of {name} still runs {JOB_TIMEOUT_S:.0f} s after the revoke")
+
+
 def worker_hosts(stack: Stack) -> set[str] | None:
     """The containers with a worker online (a worker container runs one process per core: names
     ``worker@HOST``, ``worker-1@HOST``, ...), once there are two."""
@@ -300,8 +332,20 @@ def run_long_dataset_with_a_crash_and_a_revoke(stack: Stack, folder: Path) -> No
     revoking = time.monotonic()
     said = stack.compose("run", "--rm", "--no-deps", "producer", "tokenfleet", "revoke", name, timeout=120)
     log(f"revoke ({time.monotonic() - revoking:.1f} s): {said.strip()}")
-    state = wait_for("the producer to exit", lambda: exited(stack, "producer"), 120)
+    revoked = time.monotonic()
+    timeline = follow_until_exited(stack, name, revoked)
+    state = wait_for("the producer to exit", lambda: exited(stack, "producer"), 10)
     check(state["ExitCode"] == 0, f"the producer of {name} exited 0 after the revoke ({state['ExitCode']})")
+    changes = [
+        at
+        for (at, d), (_, prev) in zip(timeline[1:], timeline, strict=False)
+        if d["tokens"] != prev["tokens"]
+    ]
+    check(
+        max(changes, default=0.0) <= REVOKE_STOPS_WITHIN_S,
+        f"{name}: no token committed later than {max(changes, default=0.0):.1f} s after the revoke command "
+        f"returned (bound {REVOKE_STOPS_WITHIN_S:.0f} s); settled after {timeline[-1][0]:.1f} s",
+    )
     after = stack.datasets()[name]
     time.sleep(3)
     later = stack.datasets()[name]
