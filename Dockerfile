@@ -1,8 +1,14 @@
-# syntax=docker/dockerfile:1
 # One image for every tokenfleet service in compose.yaml: workers, producer, Flower, metrics, simulator.
 #
 #   docker build -t tokenfleet:local .
 #   docker build --build-arg EXTRAS=eagle -t tokenfleet:local .   # with the EAGLE-3 extra
+#   docker build --build-arg PYTHON_IMAGE=registry.internal/python:3.11-slim-bookworm \
+#                --build-arg PIP_INDEX_URL=https://pypi.internal/simple -t tokenfleet:local .
+#
+# It builds where no registry but the package registries is reachable: no `# syntax=` line (that makes
+# BuildKit pull a frontend image; the builder's own frontend handles RUN --mount), the base image is a build
+# argument (a mirror's, or one already loaded with `docker load`), and pip's index is one too (Debian's apt
+# sources are the base image's own). compose.yaml passes PYTHON_IMAGE, PIP_INDEX_URL and TOKENFLEET_EXTRAS.
 #
 # Layers, from least to most often changed: the pinned dependencies (rebuilt only when pyproject.toml or
 # constraints.txt change), then tokenfleet itself.
@@ -17,6 +23,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /build
 COPY pyproject.toml constraints.txt scripts/image_requirements.py ./
+# The package index pip downloads the dependencies from; pip reads it from the environment, where RUN finds
+# every build argument (empty: pip's default, or the base image's pip.conf).
+ARG PIP_INDEX_URL=""
 # Optional extras to install too, e.g. "eagle" (chat templates, Parquet and HF datasets: docs/eagle3.md);
 # compose passes TOKENFLEET_EXTRAS.
 ARG EXTRAS=""

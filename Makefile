@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test conformance lint typecheck check install clean
+.PHONY: demo test conformance compose-check lint typecheck check install clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -42,6 +42,12 @@ conformance: $(VENV)/.installed
 	$(PY) scripts/ensure_redis.py
 	$(REAL_SGLANG) $(PY) -m tests.conformance.real_server install
 	$(REAL_SGLANG) $(PY) -m pytest tests/conformance -m conformance $(PYTEST_ARGS)
+
+# The default compose.yaml stack on a real Docker engine (docs/operations.md): build, up, the demo job to exit
+# 0, Flower, metrics, status, export, --scale worker=2, a crash and a revoke of a longer dataset, the ledger
+# kept by `down`. A project of its own; `down -v` at the end. Needs `docker` (../shared/docker-local/setup.sh).
+compose-check: $(VENV)/.installed
+	$(PY) scripts/compose_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache tokenfleet-demo

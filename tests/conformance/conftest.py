@@ -16,7 +16,7 @@ import pytest
 
 from budget import Ledger
 from tests.conformance.helpers import ADMIN_KEY_ENV, API_KEY_ENV, ServerKeys, Workers
-from tests.conformance.real_server import RealServer, default_port, default_root
+from tests.conformance.real_server import INSTALLED_MARKER, RealServer, default_port, default_root
 from tests.support.env import WORKER_ENV
 from tokenfleet.cli import main
 from tokenfleet.processes import start_worker, stop_process, wait_for_workers
@@ -56,14 +56,14 @@ def live_server(real_server: RealServer) -> RealServer:
 
 
 def second_root(name: str) -> Path:
-    """The recipe root of another server: a folder of its own (pid file, logs) that links the venv and
-    the model of the first."""
+    """The recipe root of another server: a folder of its own (pid file, logs) that links the venv, the
+    model and the install marker of the first (so it is installed exactly when the first is)."""
     base = default_root()
     root = base / name
     root.mkdir(parents=True, exist_ok=True)
-    for shared in ("venv", "tiny-llama"):
+    for shared in ("venv", "tiny-llama", INSTALLED_MARKER):
         link = root / shared
-        if not link.exists():
+        if not link.is_symlink() and not link.exists():
             link.symlink_to(base / shared)
     return root
 

@@ -17,6 +17,7 @@ model are there); ``make conformance`` calls it before the tests so no test wait
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -45,6 +46,9 @@ IDLE_CHECK_S: Final = 0.5
 #: The recipe waits up to 300 s for /health; installing takes 3-4 minutes more.
 RECIPE_TIMEOUT_S: Final = 900.0
 HTTP_TIMEOUT_S: Final = 10.0
+#: One generation, not streamed, answers only when it ends: with the stand-in kernel (torch_native attention,
+#: CPUs without AVX-512) on 2 busy cores, 96 tokens took more than 10 s.
+GENERATE_TIMEOUT_S: Final = 120.0
 
 
 def recipe_path() -> Path:
@@ -60,10 +64,36 @@ def default_port() -> int:
     return int(os.environ.get("REAL_SGLANG_PORT", str(DEFAULT_PORT)))
 
 
+#: Written once the recipe's install step has finished: a venv left half-made by a killed install is not one.
+INSTALLED_MARKER: Final = ".installed"
+#: Held while installing: a second run on the machine (another checkout, CI) waits instead of installing too.
+INSTALL_LOCK: Final = ".install.lock"
+
+
 def installed(root: Path) -> bool:
-    return (root / "venv" / "bin" / "python").exists() and (
-        root / "tiny-llama" / "model.safetensors"
-    ).exists()
+    return (
+        (root / INSTALLED_MARKER).exists()
+        and (root / "venv" / "bin" / "python").exists()
+        and (root / "tiny-llama" / "model.safetensors").exists()
+    )
+
+
+def install(root: Path, port: int) -> bool:
+    """Install what is missing under ``root``, one process at a time on this machine; True if this call
+    ran the recipe's install step (it does nothing when another process finished it meanwhile)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / INSTALL_LOCK).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"real sglang: another process is installing under {root}; waiting for it", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if installed(root):
+            return False
+        (root / INSTALLED_MARKER).unlink(missing_ok=True)
+        run_recipe(root, port, "install")
+        (root / INSTALLED_MARKER).write_text(f"{datetime.now().isoformat()}\n")
+        return True
 
 
 def run_recipe(root: Path, port: int, step: str, extra_args: str = "") -> None:
@@ -179,7 +209,7 @@ class RealServer:
         if self.has_our_flags():
             return
         if not installed(self.root):
-            run_recipe(self.root, self.port, "install")
+            install(self.root, self.port)
         # A fresh server: its request log starts empty (the handler appends, and rotates hourly).
         if self.request_log_dir.exists():
             for old in self.request_log_dir.iterdir():
@@ -227,7 +257,7 @@ class RealServer:
             f"{self.url}/generate",
             json={"input_ids": input_ids, "sampling_params": dict(sampling_params)},
             headers=self._headers(),
-            timeout=HTTP_TIMEOUT_S,
+            timeout=GENERATE_TIMEOUT_S,
         )
         r.raise_for_status()
         return [int(i) for i in r.json()["output_ids"]]
@@ -324,8 +354,10 @@ def main(argv: list[str]) -> int:
         if installed(root):
             print(f"real sglang: installed under {root}")
         else:
-            print(f"real sglang: installing under {root} (3-4 minutes, once; log {root}/logs)")
-            run_recipe(root, port, "install")
+            started = time.monotonic()
+            print(f"real sglang: installing under {root} (3-4 minutes, once; log {root}/logs)", flush=True)
+            if install(root, port):
+                print(f"real sglang: installed in {time.monotonic() - started:.0f} s")
         install_specforge(root)
         return 0
     if argv == ["stop"]:

@@ -10,6 +10,7 @@ the container paths inside them can be rewritten), and the venv's ``bin`` comes 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -240,11 +241,12 @@ def test_sglang_runs_only_under_the_gpu_profile_with_a_gpu_reservation_and_the_m
     assert sglang["image"].startswith("lmsysorg/sglang:")
     devices = sglang["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in d["capabilities"] for d in devices)
-    assert argv[argv.index("--model-path") + 1] == "org/some-model"
+    assert argv[argv.index("--model-path") + 1] == "/models/org/some-model"
+    assert argv[argv.index("--served-model-name") + 1] == "org/some-model"
     assert argv[argv.index("--host") + 1] == "0.0.0.0"
     assert argv[argv.index("--port") + 1] == "30000"
-    assert "sglang" not in active_services(compose)
-    assert {"sglang", "sim"} <= set(active_services(compose, ("gpu",)))
+    assert {"sglang", "model"}.isdisjoint(active_services(compose))
+    assert {"sglang", "model", "sim"} <= set(active_services(compose, ("gpu",)))
     assert not compose["services"]["sim"].get("profiles")  # the default server
 
 
@@ -265,6 +267,73 @@ def test_the_configs_point_the_datasets_at_the_sim_by_default_and_at_sglang_for_
     outputs = {v.split(":")[1] for v in producer["volumes"]}
     worker_outputs = {v.split(":")[1] for v in compose["services"]["worker"]["volumes"]}
     assert str(demo.output_dir) in outputs & worker_outputs  # the producer and workers share it
+
+
+def mounts_of(spec: Mapping[str, Any]) -> dict[str, tuple[str, list[str]]]:
+    """Container path -> (source, options) of a service's volumes (short syntax)."""
+    out = {}
+    for volume in spec.get("volumes") or []:
+        source, target, *options = str(volume).split(":")
+        out[target] = (source, options)
+    return out
+
+
+def test_the_producer_reads_the_sims_model_folder_read_only_where_the_sim_names_it() -> None:
+    """/model_info names the folder; submit reads its config.json for the vocabulary (no warning then)."""
+    compose = load_compose()
+    sim = interpolate_tree(compose["services"]["sim"], {})
+    producer = interpolate_tree(compose["services"]["producer"], {})
+    argv = command_argv(sim["command"])
+    folder = argv[argv.index("--model-path") + 1]
+
+    source, options = mounts_of(sim)[folder]
+    assert mounts_of(producer)[folder] == (source, ["ro"])
+    assert options == ["ro"]
+    model_config = json.loads((REPO / source / "config.json").read_text())
+    assert model_config["vocab_size"] == int(argv[argv.index("--vocab-size") + 1])
+
+
+def test_the_gpu_profile_serves_a_downloaded_folder_the_producer_reads_read_only() -> None:
+    compose = load_compose()
+    env = {"MODEL": "org/some-model", "MODELS_DIR": "/data/models"}
+    model = interpolate_tree(compose["services"]["model"], env)
+    sglang = interpolate_tree(compose["services"]["sglang"], env)
+    producer = interpolate_tree(compose["services"]["producer"], env)
+    served = command_argv(sglang["command"])
+    folder = served[served.index("--model-path") + 1]
+    root = str(Path(folder).parent.parent)
+
+    assert model["profiles"] == ["gpu"] and model["restart"] == "no"
+    assert command_argv(model["command"]) == ["org/some-model", folder]  # snapshot_download(id, local_dir)
+    assert "snapshot_download(sys.argv[1], local_dir=sys.argv[2])" in model["entrypoint"][-1]
+    assert mounts_of(model)[root] == ("/data/models", [])
+    assert mounts_of(sglang)[root] == ("/data/models", ["ro"])
+    assert mounts_of(producer)[root] == ("/data/models", ["ro"])
+    assert sglang["depends_on"]["model"]["condition"] == "service_completed_successfully"
+    default = interpolate_tree(compose["services"]["producer"], {})
+    assert mounts_of(default)[root][0] in compose["volumes"]  # a named volume unless MODELS_DIR says
+
+
+def test_the_producer_is_restarted_until_it_exits_0_and_nothing_else_ends() -> None:
+    services = load_compose()["services"]
+
+    assert services["producer"]["restart"] == "on-failure"
+    long_running = {n for n, s in services.items() if not is_job(s)}
+    assert long_running == set(services) - {"producer", "model"}
+    assert all(services[n]["restart"] == "unless-stopped" for n in long_running)
+
+
+def test_the_image_builds_without_a_frontend_pull_and_takes_its_base_and_index_as_build_args() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    build = load_compose()["x-tokenfleet"]["build"]
+    froms = re.findall(r"^FROM (\S+)", dockerfile, flags=re.MULTILINE)
+
+    assert not re.search(r"^#\s*syntax\s*=", dockerfile, flags=re.MULTILINE | re.IGNORECASE)
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-bookworm$", dockerfile, flags=re.MULTILINE)
+    assert re.search(r"^ARG PIP_INDEX_URL=", dockerfile, flags=re.MULTILINE)
+    assert {f for f in froms if f != "deps"} == {"${PYTHON_IMAGE}"}
+    assert build["args"]["PYTHON_IMAGE"] == "${PYTHON_IMAGE:-python:3.11-slim-bookworm}"
+    assert build["args"]["PIP_INDEX_URL"] == "${PIP_INDEX_URL:-}"
 
 
 def test_prometheus_and_grafana_run_only_under_the_monitoring_profile_with_their_files_mounted() -> None:
@@ -460,17 +529,24 @@ def container_port(spec: Mapping[str, Any]) -> int | None:
 def prepare_mounts(root: Path, compose: Mapping[str, Any], services: Mapping[str, Any]) -> dict[str, Path]:
     """Container path -> local folder: a named volume is an empty folder, a bind mount a copy."""
     mounts: dict[str, Path] = {}
-    for name, spec in services.items():
+    for spec in services.values():
         for volume in spec.get("volumes") or []:
             source, target = str(volume).split(":")[:2]
             if source in (compose.get("volumes") or {}):
                 local = root / "volumes" / source
                 local.mkdir(parents=True, exist_ok=True)
-            else:
-                local = root / "binds" / f"{name}{target.replace('/', '_')}"
-                shutil.copytree(REPO / source, local)
+            else:  # one copy per source: a folder mounted into two services is the same folder in both
+                local = root / "binds" / source.strip("./").replace("/", "_")
+                if not local.exists():
+                    shutil.copytree(REPO / source, local)
             assert mounts.setdefault(target, local) == local, f"{target} is two different mounts"
     return mounts
+
+
+def is_job(spec: Mapping[str, Any]) -> bool:
+    """A service that ends by itself (the producer): Docker does not restart it once it exited 0."""
+    restart = str(spec.get("restart", "no"))
+    return restart == "no" or restart.startswith("on-failure")
 
 
 def topological(services: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -546,7 +622,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
             for f in local.rglob("*.toml"):
                 f.write_text(stack.localize(f.read_text()))
 
-    jobs = [n for n in topological(specs) if specs[n].get("restart") == "no"]
+    jobs = [n for n in topological(specs) if is_job(specs[n])]
     try:
         for name in topological(specs):
             if name in jobs:
@@ -597,6 +673,13 @@ def test_the_compose_job_runs_to_the_end_with_ledger_tokens_equal_to_export_toke
         if ds.token_budget is not None:
             assert snap.state == "exhausted"
     ledger.client.close()
+
+
+def test_the_compose_job_learns_the_vocabulary_and_warns_of_nothing(stack: LocalStack) -> None:
+    assert stack.producer is not None
+    output = stack.producer.stdout + stack.producer.stderr
+
+    assert "warning" not in output.lower(), output
 
 
 def test_redis_runs_with_the_compose_flags_and_writes_its_append_only_file(stack: LocalStack) -> None:
