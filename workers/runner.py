@@ -46,9 +46,11 @@ log = logging.getLogger(__name__)
 
 
 def out_of_vocabulary(input_ids: list[int] | None, vocab_size: int | None) -> str | None:
-    """Why ``input_ids`` must not be sent to a server whose model has ``vocab_size`` ids, or None."""
-    if not input_ids or not vocab_size:
+    """Why ``input_ids`` must not be sent to a server whose model has ``vocab_size`` ids (unknown: no
+    model has ``INPUT_ID_CEILING``), or None."""
+    if not input_ids:
         return None
+    vocab_size = vocab_size or defaults.INPUT_ID_CEILING
     low, high = min(input_ids), max(input_ids)
     if low >= 0 and high < vocab_size:
         return None
