@@ -60,6 +60,8 @@ FLUSH_EVERY_S: Final = 2.0
 FLUSH_BATCH: Final = 64
 #: How long one process may write a dataset's held records before another may take over.
 FLUSH_CLAIM_MS: Final = 60_000
+#: ``flush_held``'s answer while another process writes the dataset's held records.
+ANOTHER_FLUSHES: Final = "another worker is writing the held records"
 #: The most one output token takes in a record: its id (at most 10 digits and a comma) and its text (a
 #: token's UTF-8 bytes, or JSON escapes), generously.
 BYTES_PER_TOKEN: Final = 48
@@ -238,7 +240,7 @@ class OutputGuard:
         """Write and commit ``dataset``'s held records here, when this process may (one at a time,
         fleet-wide). Returns why not all of them are written, or None once none is held."""
         if not self._ledger.claim_held_flush(dataset, self._reporter, FLUSH_CLAIM_MS):
-            return "another worker is writing the held records"
+            return ANOTHER_FLUSHES
         try:
             spec = DatasetSpec.from_json(self._ledger.spec(dataset))
             output_dir = Path(spec.output_dir)
@@ -307,21 +309,19 @@ class OutputGuard:
     def _flush_loop(self) -> None:
         while not self._stop.wait(FLUSH_EVERY_S):
             try:
+                with self._lock:
+                    blocked = set(self._blocks)
+                for dataset in blocked:  # tried again when due (held records first), tasks or not
+                    self.problem(dataset)
                 for dataset in self._ledger.datasets():
-                    if self._ledger.held_count(dataset) <= 0:
-                        continue
-                    with self._lock:
-                        blocked = dataset in self._blocks
-                    if blocked:
-                        self.problem(dataset)  # tries again when due, held records first
-                    else:
+                    if dataset not in blocked and self._ledger.held_count(dataset) > 0:
                         self._flush_unblocked(dataset)
             except Exception:  # a Redis restart, a forgotten dataset: try again next round
                 log.exception("writing held records")
 
     def _flush_unblocked(self, dataset: str) -> None:
         problem = self.flush_held(dataset)
-        if problem is not None and "another worker" not in problem:
+        if problem is not None and problem != ANOTHER_FLUSHES:
             spec = DatasetSpec.from_json(self._ledger.spec(dataset))
             self.block(dataset, dataset_dir(spec.output_dir, dataset), OutputUnwritable(problem))
 
@@ -349,11 +349,12 @@ class OutputGuard:
             )
             if problem is not None:
                 raise OutputUnwritable(problem)
+            problem = None
             if self._ledger.held_count(dataset) > 0:  # the held records first: real ones must fit
                 problem = self.flush_held(dataset)
-                if problem is not None:
+                if problem is not None and problem != ANOTHER_FLUSHES:
                     raise OutputUnwritable(problem)
-            else:
+            if problem is not None or self._ledger.held_count(dataset) == 0:
                 self._sink.check_writable(block.folder, min(block.record_bytes, PROBE_MAX_BYTES))
         except (OutputUnwritable, LedgerError) as e:
             reason = e.reason if isinstance(e, OutputUnwritable) else f"cannot read the ledger: {e}"
