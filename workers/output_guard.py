@@ -179,27 +179,38 @@ class OutputGuard:
 
     # --- room for the records about to be written -----------------------------------------------------
 
-    def admit_room(self, dataset: str, folder: Path, worst: Mapping[str, int]) -> str | None:
+    def admit_room(self, dataset: str, folder: Path, worst: Mapping[str, int]) -> tuple[int, str | None]:
         """Before samples are admitted: set aside room for their records (``worst``: sample id -> worst-case
-        bytes), proven against ``folder``'s free space with what this process has in flight there. Not
-        enough room blocks the dataset here and says why; each sample set aside is ended by ``finished``."""
+        bytes, in order), proven against ``folder``'s free space with what this process has in flight
+        there. Returns how many of them (the first ones) have room, and why not the others. None having
+        room blocks the dataset here and says why; each sample set aside is ended by ``finished``."""
         if not worst:
-            return None
+            return 0, None
         with self._lock:
             here = str(folder.parent)
             flying = [b for (ds, sid), (f, b) in self._writing.items() if f == here and sid not in worst]
             largest = max(worst.values())
             self._record_bytes[dataset] = max(largest, self._record_bytes.get(dataset, 0))
-        count = len(flying) + len(worst)
-        need = sum(flying) + sum(worst.values())
-        problem = room_problem(folder, need, f"{count} record(s) in flight ({_size(largest)} each at most)")
-        if problem is not None:
+        sizes = list(worst.values())
+        fit, problem, first_problem = len(sizes), None, ""
+        while fit > 0:
+            problem = room_problem(
+                folder,
+                sum(flying) + sum(sizes[:fit]),
+                f"{len(flying) + fit} record(s) in flight ({_size(largest)} each at most)",
+            )
+            if problem is None:
+                break
+            first_problem = first_problem or problem
+            fit = fit - 1 if problem.startswith("not enough room") else 0
+        if fit == 0:
+            problem = first_problem
             self.block(dataset, folder, OutputUnwritable(problem))
-            return problem
+            return 0, problem
         with self._lock:
-            for sid, size in worst.items():
+            for sid, size in list(worst.items())[:fit]:
                 self._writing[(dataset, sid)] = (here, size)
-        return None
+        return fit, (first_problem if fit < len(sizes) else None)
 
     def finished(self, dataset: str, sample_id: str) -> None:
         """The record of ``sample_id`` is written, held, or will not be: its room is free again."""

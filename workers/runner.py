@@ -177,11 +177,18 @@ class SampleRunner:
             return [Outcome("dropped", f"output_unwritable: {problem}") for _ in samples], []
         attempt_ids = [uuid.uuid4().hex[:16] for _ in samples]
         wants = [self._want(dataset, s) for s in samples]
-        problem = self._room_for(dataset, sids, samples, wants)
-        if problem is not None:  # no room for their records: not generated, fed again
-            self.sleep(HAND_BACK_WAIT_S)
-            self.ledger.unqueue(dataset, sids, "output_unwritable")
-            return [Outcome("dropped", f"output_unwritable: {problem}") for _ in samples], []
+        fit, problem = self._room_for(dataset, sids, samples, wants)
+        if fit < len(samples):  # no room for the records of the rest: not generated, fed again
+            if fit == 0:
+                self.sleep(HAND_BACK_WAIT_S)
+            self.ledger.unqueue(dataset, sids[fit:], "output_unwritable")
+            rest: list[Outcome | None] = [
+                Outcome("dropped", f"output_unwritable: {problem}") for _ in samples[fit:]
+            ]
+            if fit == 0:
+                return rest, []
+            head, attempts = self.admit_many(dataset, samples[:fit])
+            return head + rest, attempts
         asks = list(zip(sids, attempt_ids, wants, strict=True))
         group = self.ledger.admit_many(dataset, asks, self.lease_ms)
         outcomes: list[Outcome | None] = [
@@ -225,12 +232,13 @@ class SampleRunner:
 
     def _room_for(
         self, dataset: str, sids: list[str], samples: list[dict[str, Any]], wants: list[int]
-    ) -> str | None:
-        """Whether the output folder has room for the records of ``samples`` with those this process has
-        in flight (``OutputGuard.admit_room``); unknown before this process has seen the dataset's spec."""
+    ) -> tuple[int, str | None]:
+        """How many of ``samples`` (the first ones) the output folder has room for, with the records this
+        process has in flight, and why not the rest (``OutputGuard.admit_room``); all of them before this
+        process has seen the dataset's spec."""
         spec = self._specs.get(dataset)
         if spec is None:
-            return None
+            return len(samples), None
         folder = dataset_dir(Path(spec.output_dir), dataset)
         worst = {
             sid: worst_record_bytes(sample, want or DEFAULT_MAX_NEW_TOKENS)

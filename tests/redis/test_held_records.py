@@ -4,6 +4,7 @@ back), and its tokens are counted once, at that commit."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +138,17 @@ def test_no_room_for_the_records_about_to_be_written_blocks_the_dataset_and_says
     make(ledger)
     folder = tmp_path / "out" / DS
     guard = OutputGuard(ledger, OutputSink(), recheck_s=3600.0)
-    assert guard.admit_room(DS, folder, {"s1": 1_000}) is None  # room for one record
-    problem = guard.admit_room(DS, folder, {"s2": 2**60, "s3": 2**60})
-    assert problem is not None
+    assert guard.admit_room(DS, folder, {"s1": 1_000}) == (1, None)  # room for one record
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    # Room for the first of these two, not for the second: the first is admitted, the second handed back.
+    fit, why = guard.admit_room(DS, folder, {"s2": 1_000, "s3": free})
+    assert fit == 1 and why is not None and f"not enough room in {folder}" in why
+    assert guard.problem(DS) is None  # some room left: not blocked
+    fit, problem = guard.admit_room(DS, folder, {"s4": 2**60, "s5": 2**60})
+    assert fit == 0 and problem is not None
     assert f"not enough room in {folder}" in problem and " free" in problem
-    assert "GiB for 3 record(s) in flight" in problem
+    assert "GiB for 4 record(s) in flight" in problem  # s1 and s2 still in flight here, and s4 and s5
     assert guard.problem(DS) == problem and "not enough room" in ledger.snapshot(DS).output_error
+    guard.finished(DS, "s1")
+    guard.finished(DS, "s2")
     assert room_problem(folder, 0, "one record") is None
