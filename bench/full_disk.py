@@ -23,8 +23,10 @@ import orjson
 
 from bench._common import bench_redis, machine, sim_process, sim_stats, worker_processes
 from budget import Ledger
+from tests.support.disks import fill
 from tests.support.files import write_config
 from tokenfleet.export import export_dataset
+from workers.output_guard import room_problem, worst_record_bytes
 
 
 def main() -> None:
@@ -32,7 +34,13 @@ def main() -> None:
     parser.add_argument("--disk-kib", type=int, default=2048)
     parser.add_argument("--free-kib", type=int, default=300)
     parser.add_argument("--full-s", type=float, default=60.0)
-    parser.add_argument("--samples", type=int, default=3000)
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument(
+        "--fill-after",
+        type=int,
+        default=0,
+        help="instead: start with the disk free, and fill it to the last byte once this many are committed",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, bench_redis() as redis_url:
         root = Path(tmp)
@@ -50,7 +58,8 @@ def main() -> None:
 def run(root: Path, disk: Path, redis_url: str, args: argparse.Namespace) -> None:
     filler = disk / "filler.bin"
     st = os.statvfs(disk)
-    filler.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - args.free_kib * 1024))
+    if not args.fill_after:
+        filler.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - args.free_kib * 1024))
     name = "fulldisk"
     rows = [{"id": f"p-{i}", "text": f"prompt number {i}: explain something"} for i in range(args.samples)]
     with sim_process(step_time_s=0.01, output_len_mean=60.0) as url:
@@ -67,9 +76,17 @@ def run(root: Path, disk: Path, redis_url: str, args: argparse.Namespace) -> Non
             argv = [sys.executable, "-m", "tokenfleet.cli", "submit", str(config), "--no-server-check"]
             log = (root / "submit.log").open("wb")
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-            while name not in ledger.datasets() or not ledger.snapshot(name).output_error:
-                time.sleep(0.05)
+            # Full: not even one worst-case record (and the margin) fits any more.
+            one_record = worst_record_bytes({"sample_id": "p-999", "text": rows[0]["text"]}, 200)
+            if args.fill_after:
+                while name not in ledger.datasets() or ledger.snapshot(name).samples < args.fill_after:
+                    time.sleep(0.02)
+                fill(disk)  # to the last byte, at once, while generations run
+            while room_problem(disk / name, one_record, "one record") is None:
+                time.sleep(0.02)
             full_at = time.monotonic()
+            st = os.statvfs(disk)
+            free_when_full = st.f_bavail * st.f_frsize
             at_full, tokens_at_full = ledger.snapshot(name), sim_stats(url)["generated_tokens"]
             requests_at_full = sim_stats(url)["requests"]
             peak_held = 0
@@ -95,11 +112,14 @@ def run(root: Path, disk: Path, redis_url: str, args: argparse.Namespace) -> Non
             )
             snap = ledger.snapshot(name)
     print(f"machine: {machine()}")
-    print(
-        f"disk: {args.disk_kib} KiB tmpfs, {args.free_kib} KiB free at the start, "
-        f"full for {args.full_s:.0f} s"
+    start = (
+        f"filled to the last byte after {args.fill_after} samples"
+        if args.fill_after
+        else (f"{args.free_kib} KiB free at the start")
     )
+    print(f"disk: {args.disk_kib} KiB tmpfs, {start}, full for {args.full_s:.0f} s")
     print(f"problem shown: {problem}")
+    print(f"free when full: {free_when_full:,} bytes")
     print(f"in flight when it filled: {at_full.inflight}; held at most: {peak_held}")
     print(f"server tokens generated while full: {stats_during['generated_tokens'] - tokens_at_full:,}")
     print(f"requests started while full: {stats_during['requests'] - requests_at_full}")
