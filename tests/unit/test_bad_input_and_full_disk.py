@@ -1,7 +1,10 @@
-"""What the check of a redis_url's password asks Redis: the same URL without its credentials."""
+"""Pure pieces of issue 29: the URL the password check asks Redis with, ids beyond every vocabulary, and
+what submit says of a dataset whose samples are held for room on the output disk."""
 
 from __future__ import annotations
 
+from budget import DatasetSnapshot
+from producer.feeder import left_line
 from producer.source import RecordReader, Rejected, beyond_every_vocabulary
 from tokenfleet.redis_check import without_credentials
 
@@ -25,3 +28,16 @@ def test_a_reader_without_a_vocabulary_rejects_ids_beyond_every_model_and_counts
     assert isinstance(reader.read(b'{"id": "a", "input_ids": [1, 9223372036854775807]}', 1), Rejected)
     assert not isinstance(reader.read(b'{"id": "b", "input_ids": [1, 2]}', 2), Rejected)
     assert reader.unchecked == 1
+
+
+def test_a_dataset_with_held_samples_is_left_unsettled_saying_they_wait_for_room() -> None:
+    snap = DatasetSnapshot(
+        name="ds", state="active", token_budget=None, max_samples=None, on_budget="truncate", tokens=10,
+        samples=3, truncated=0, live_tokens=5, discarded_tokens=0, wasted_tokens=0, reclaimed=0, failed=0,
+        queued=0, inflight=2, pending=0, rejected=0, source_total=5, source_done=True,
+        output_error="h:1: cannot write /out/ds: No space left on device", held=2, held_bytes=900,
+    )  # fmt: skip
+    assert not snap.settled
+    line = left_line(snap)
+    assert "2 in flight" in line and "2 held: generated, their records waiting for room" in line
+    assert "No space left on device" in line
