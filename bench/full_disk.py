@@ -111,6 +111,8 @@ def run(root: Path, disk: Path, redis_url: str, args: argparse.Namespace) -> Non
                 if p.read_bytes() and not p.read_bytes().endswith(b"\n")
             )
             snap = ledger.snapshot(name)
+            logs = "".join(p.read_text(errors="replace") for p in (root / "logs").glob("*.log"))
+    not_held = logs.count("record not held")
     print(f"machine: {machine()}")
     start = (
         f"filled to the last byte after {args.fill_after} samples"
@@ -125,6 +127,9 @@ def run(root: Path, disk: Path, redis_url: str, args: argparse.Namespace) -> Non
     print(f"requests started while full: {stats_during['requests'] - requests_at_full}")
     print(f"samples committed while full: {during.samples - at_full.samples}")
     print(f"requests: {stats['requests']:,} for {args.samples:,} samples")
+    retried = {k: stats[k] for k in ("errors_503", "aborted", "disconnected", "dropped", "rejected")}
+    print(f"server side: {retried}; ledger: wasted {snap.wasted_tokens:,} tokens, reclaimed {snap.reclaimed}")
+    print(f"records not held (given back): {not_held}")
     print(f"server tokens past the export: {stats['generated_tokens'] - report.tokens:,}")
     print(
         f"exported {len(exported):,}, ledger samples {snap.samples:,}, "
