@@ -182,6 +182,8 @@ class SampleRunner:
             if fit == 0:
                 self.sleep(HAND_BACK_WAIT_S)
             self.ledger.unqueue(dataset, sids[fit:], "output_unwritable")
+            for sid in sids[fit:]:  # set aside by an outer call of a group that fitted less here
+                self.output_guard.finished(dataset, sid)
             rest: list[Outcome | None] = [
                 Outcome("dropped", f"output_unwritable: {problem}") for _ in samples[fit:]
             ]
