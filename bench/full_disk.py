@@ -112,6 +112,8 @@ def run(root: Path, disk: Path, redis_url: str, args: argparse.Namespace) -> Non
             )
             snap = ledger.snapshot(name)
             logs = "".join(p.read_text(errors="replace") for p in (root / "logs").glob("*.log"))
+            if os.environ.get("FULL_DISK_KEEP_LOGS"):
+                Path(os.environ["FULL_DISK_KEEP_LOGS"]).write_text(logs)
     not_held = logs.count("record not held")
     print(f"machine: {machine()}")
     start = (

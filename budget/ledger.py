@@ -35,6 +35,9 @@ WORKER_SEEN_WITHIN_S: Final = 30.0
 #: Rates in snapshots are averaged over this many seconds.
 RATE_WINDOW_S: Final = 30
 
+#: Connections one client's pool may open (a worker's generation threads, its keeper, flusher, watchers).
+MAX_CONNECTIONS: Final = 1024
+
 #: Retries of a patient client's command on connection errors (backoff capped at 2 s: about 30 s).
 PATIENT_RETRIES: Final = 16
 
@@ -288,6 +291,9 @@ def connect(url: str, *, patient: bool = False, **kwargs: Any) -> redis.Redis:
     expires, progress is corrected by the commit or release that follows).
     """
     kwargs.setdefault("socket_connect_timeout", 5)
+    # redis-py's pool refuses a 101st connection at once ("Too many connections", not retried): a worker
+    # process runs hundreds of generation threads, and a full disk sends many of them to the ledger together.
+    kwargs.setdefault("max_connections", MAX_CONNECTIONS)
     kwargs.setdefault("health_check_interval", 30)
     if patient:
         kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), PATIENT_RETRIES))

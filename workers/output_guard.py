@@ -60,6 +60,8 @@ FLUSH_EVERY_S: Final = 2.0
 FLUSH_BATCH: Final = 64
 #: How long one process may write a dataset's held records before another may take over.
 FLUSH_CLAIM_MS: Final = 60_000
+#: The same problem of a dataset goes to the ledger at most this often (its held count with it).
+REPORT_EVERY_S: Final = 2.0
 #: ``flush_held``'s answer while another process writes the dataset's held records.
 ANOTHER_FLUSHES: Final = "another worker is writing the held records"
 #: The most one output token takes in a record: its id (at most 10 digits and a comma) and its text (a
@@ -141,6 +143,8 @@ class OutputGuard:
         #: The worst-case record size each dataset was last admitted with.
         self._record_bytes: dict[str, int] = {}
         self._flusher: threading.Thread | None = None
+        #: The problem last reported for each dataset, and when (monotonic).
+        self._reported: dict[str, tuple[str, float]] = {}
         self._stop = threading.Event()
 
     def block(
@@ -380,6 +384,14 @@ class OutputGuard:
         return None
 
     def _report(self, dataset: str, problem: str) -> None:
+        # Hundreds of generations may meet a full disk at once (a group write fails for all its lines):
+        # the same problem goes to the ledger at most every REPORT_EVERY_S, not once for each.
+        now = time.monotonic()
+        with self._lock:
+            last = self._reported.get(dataset)
+            if problem and last is not None and last[0] == problem and now - last[1] < REPORT_EVERY_S:
+                return
+            self._reported[dataset] = (problem, now)
         try:
             if problem:
                 snap = self._ledger.snapshot(dataset)

@@ -15,6 +15,7 @@ import redis
 from budget import Admission, CommitItem, CommitOutcome, HoldOutcome, Ledger
 from tests.support.disks import every_line_is_a_whole_record
 from tests.support.ledger import DS, SPEC, expire_short_leases, keys, lease, make
+from workers import output_guard
 from workers.output_guard import OutputGuard, room_problem
 from workers.sink import OutputSink, OutputUnwritable
 
@@ -95,8 +96,9 @@ def test_a_record_past_the_cap_or_of_an_attempt_without_its_lease_is_not_held(le
 
 
 def test_records_a_full_disk_refused_are_written_once_by_a_restarted_worker_when_room_comes_back(
-    ledger: Ledger, tmp_path: Path
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(output_guard, "REPORT_EVERY_S", 0.0)  # every report reaches the ledger
     make(ledger, spec={**SPEC, "output_dir": str(tmp_path)})
     folder = tmp_path / DS
     disk = FullDisk(room=0)
