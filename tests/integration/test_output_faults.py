@@ -72,7 +72,9 @@ def test_a_full_disk_stops_generation_shows_why_and_resumes_with_whole_records(
     filler.unlink()
     assert submit.wait(120) == 0
     snap = fleet_ledger.snapshot(name)
-    assert snap.settled and snap.samples == 240 and snap.failed == 0 and not snap.output_error
+    assert snap.settled and snap.samples == 240 and snap.failed == 0
+    # Another worker may have written this one's held records: it lifts its block at its next look (10 s).
+    wait_until(lambda: not fleet_ledger.snapshot(name).output_error, what="the output problem cleared")
 
     on_disk = every_line_is_a_whole_record(small_disk / name)
     records = export(fleet_ledger, name, tmp_path)
