@@ -41,3 +41,7 @@ REGENERATE: Final = "last"
 LEASE_S: Final = 60.0
 #: What a dataset name may be: it names a folder under the output dir, and a Redis hash tag.
 DATASET_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
+#: Input ids at or above this are beyond every known model's vocabulary (the largest have a few hundred
+#: thousand ids): with the servers' vocabulary unknown, a line holding one is still rejected, never sent
+#: (an id outside the vocabulary crashes a real SGLang server).
+INPUT_ID_CEILING: Final = 2**31

@@ -67,6 +67,12 @@ class DatasetKeys:
     identity_hash: str
     #: String: the source's fingerprint at its first submit (compact: see ``tokenfleet/fingerprint.py``).
     source_digest_str: str
+    #: Hash sample id -> the record (JSON) of a generation whose record could not be written (a full
+    #: disk): held here, its lease kept without expiry, until a worker writes and commits it
+    #: (``budget/lua/hold.lua``); the ledger's ``held`` and ``held_bytes`` count them.
+    held_hash: str
+    #: String with an expiry: the worker process writing the held records now (one at a time).
+    held_flush_str: str
 
     def for_lua(self, *names: str) -> list[str]:
         """The named keys, in order, for a script's KEYS."""
@@ -92,6 +98,8 @@ def dataset_keys(name: str) -> DatasetKeys:
         lengths_hash=f"{base}:lengths:hash",
         identity_hash=f"{base}:identity:hash",
         source_digest_str=f"{base}:source_digest:str",
+        held_hash=f"{base}:held:hash",
+        held_flush_str=f"{base}:held_flush:str",
     )
 
 

@@ -35,6 +35,9 @@ WORKER_SEEN_WITHIN_S: Final = 30.0
 #: Rates in snapshots are averaged over this many seconds.
 RATE_WINDOW_S: Final = 30
 
+#: Connections one client's pool may open (a worker's generation threads, its keeper, flusher, watchers).
+MAX_CONNECTIONS: Final = 1024
+
 #: Retries of a patient client's command on connection errors (backoff capped at 2 s: about 30 s).
 PATIENT_RETRIES: Final = 16
 
@@ -111,6 +114,17 @@ class ReleaseOutcome(enum.StrEnum):
     PAUSED = "paused"
     EXHAUSTED = "exhausted"
     REVOKED = "revoked"
+    UNKNOWN = "unknown"
+
+
+class HoldOutcome(enum.StrEnum):
+    """What ``hold`` did (``budget/lua/hold.lua``)."""
+
+    HELD = "held"
+    #: The dataset's held records take the most they may: the sample must be given back.
+    FULL = "full"
+    LOST = "lost"
+    DUPLICATE = "duplicate"
     UNKNOWN = "unknown"
 
 
@@ -207,6 +221,10 @@ class DatasetSnapshot:
     longest: int = 0
     #: Committed samples per length bucket (``budget/lengths.py``): tokens per sample as a histogram.
     lengths: dict[int, int] = field(default_factory=dict)
+    #: Generations over whose records could not be written (a full disk), held in the ledger until they
+    #: are (counted in ``inflight`` too: their leases stay), and the bytes they take there.
+    held: int = 0
+    held_bytes: int = 0
 
     @property
     def answer_tokens(self) -> int:
@@ -279,6 +297,9 @@ def connect(url: str, *, patient: bool = False, **kwargs: Any) -> redis.Redis:
     expires, progress is corrected by the commit or release that follows).
     """
     kwargs.setdefault("socket_connect_timeout", 5)
+    # redis-py's pool refuses a 101st connection at once ("Too many connections", not retried): a worker
+    # process runs hundreds of generation threads, and a full disk sends many of them to the ledger together.
+    kwargs.setdefault("max_connections", MAX_CONNECTIONS)
     kwargs.setdefault("health_check_interval", 30)
     if patient:
         kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), PATIENT_RETRIES))
@@ -381,6 +402,58 @@ class Ledger:
         """A worker cannot write ``name``'s output (``problem``), or can again (``""``: clears only the
         reporter's own). See ``budget/lua/output_problem.lua``."""
         return bool(self._call("output_problem", name, [reporter, problem]))
+
+    # --- held records (a full output disk) ----------------------------------------------------------
+
+    @_translate_errors
+    def hold(
+        self, name: str, sample_id: str, attempt: str, record: bytes, completion_tokens: int, max_bytes: int
+    ) -> HoldOutcome:
+        """Keep the record of a generation that could not be written, until a worker can write it
+        (``budget/lua/hold.lua``); then ``commit_many`` counts it and ``unhold`` takes it out."""
+        return HoldOutcome(
+            self._call("hold", name, [sample_id, attempt, record, int(completion_tokens), int(max_bytes)])
+        )
+
+    @_translate_errors
+    def held_records(self, name: str, count: int = 64) -> list[tuple[str, bytes]]:
+        """Up to about ``count`` held records, each ``(sample_id, record JSON)``."""
+        out: list[tuple[str, bytes]] = []
+        for sid, record in self.client.hscan_iter(dataset_keys(name).held_hash, count=count):
+            out.append((str(sid), str(record).encode()))
+            if len(out) >= count:
+                break
+        return out
+
+    @_translate_errors
+    def held_count(self, name: str) -> int:
+        return int(self.client.hget(dataset_keys(name).ledger_hash, "held") or 0)
+
+    @_translate_errors
+    def unhold(self, name: str, sample_ids: Sequence[str]) -> int:
+        """Take written (and committed) records out of the held ones; returns how many were held."""
+        if not sample_ids:
+            return 0
+        return int(self._call("unhold", name, list(sample_ids)))
+
+    @_translate_errors
+    def claim_held_flush(self, name: str, who: str, ms: int) -> bool:
+        """Whether ``who`` may write ``name``'s held records now (one process at a time, for ``ms``)."""
+        key = dataset_keys(name).held_flush_str
+        return bool(self.client.set(key, who, nx=True, px=ms)) or self.client.get(key) == who
+
+    @_translate_errors
+    def end_held_flush(self, name: str, who: str) -> None:
+        key = dataset_keys(name).held_flush_str
+        with self.client.pipeline() as pipe:  # only the claim's own holder ends it (WATCH, then MULTI)
+            try:
+                pipe.watch(key)
+                if pipe.get(key) == who:
+                    pipe.multi()
+                    pipe.delete(key)
+                    pipe.execute()
+            except redis.WatchError:  # taken over meanwhile: not ours to end
+                pass
 
     # --- stopping in-flight generations -------------------------------------------------------------
 
@@ -679,6 +752,8 @@ class Ledger:
             hit_max_new=n("hit_max_new"),
             longest=n("longest"),
             lengths=parse_histogram(f.get("lengths")),
+            held=n("held"),
+            held_bytes=n("held_bytes"),
         )
 
     @_translate_errors

@@ -74,6 +74,8 @@ SCRIPT_KEYS: Final[Mapping[str, tuple[str, ...] | None]] = {
     "give_up": ("ledger", "done", "leases", "owners", "live", "reserved", "pending", "failed", "strikes"),
     "audit_queued": ("queue", "queued", "leases", "done", "pending"),
     "clear_pending": ("ledger", "pending", "done", "failed", "queued", "leases"),
+    "hold": ("ledger", "done", "leases", "owners", "live", "reserved", "held"),
+    "unhold": ("ledger", "held"),
     "heartbeat": ("workers",),
     "server_acquire": None,
     "server_release": ("slots", "rate", "health"),
@@ -102,6 +104,7 @@ DATASET_KEY_FIELDS: Final[Mapping[str, str]] = {
     "rate_tokens": "rate_tokens_hash",
     "rate_samples": "rate_samples_hash",
     "lengths": "lengths_hash",
+    "held": "held_hash",
 }
 
 

@@ -88,6 +88,11 @@ def left_line(s: DatasetSnapshot) -> str:
     }.get(s.state, s.state)
     if s.state == "active" and not s.source_done:
         why = "its source is not fully fed yet"
+    if s.held:
+        why = (
+            f"{s.held:,} held: generated, their records waiting for room in the output folder "
+            f"({s.output_error or 'see tokenfleet status'})"
+        )
     left = s.source_total - s.samples - s.failed if s.source_done else None
     todo = f"{left:,} of {s.source_total:,} source samples not done, " if left is not None else ""
     return (

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import orjson
 
+from budget.defaults import INPUT_ID_CEILING
 from chat.templates import REPLY, ChatTokenizer, count_replies, load_chat_tokenizer, plan_conversation
 from chat.templates import prompt_messages as _prompt_messages
 from producer.containers import MAX_LINE_BYTES, OversizedLine, SourceError, check_source, open_rows
@@ -41,6 +42,7 @@ __all__ = [
     "Sample",
     "SourceError",
     "SourceOptions",
+    "beyond_every_vocabulary",
     "check_source",
     "derive_sample_id",
     "first_record",
@@ -185,6 +187,9 @@ class RecordReader:
         self.chat: ChatTokenizer | None = (
             load_chat_tokenizer(self.options.tokenizer) if self.options.tokenizer else None
         )
+        #: Prompts whose ids could not be checked against the vocabulary (unknown): only against
+        #: ``INPUT_ID_CEILING``. Submit says how many, and how to have them checked.
+        self.unchecked = 0
 
     def read(self, data: bytes | dict[str, Any] | OversizedLine, line_no: int) -> Sample | Rejected:
         """One row (a raw JSON line, or a decoded row) as a `Sample` or a `Rejected`."""
@@ -233,7 +238,11 @@ class RecordReader:
 
     def _out_of_vocabulary(self, input_ids: list[int]) -> str | None:
         vocab = self.options.vocab_size
-        return None if vocab is None else out_of_vocabulary(input_ids, vocab)
+        if vocab is None:
+            problem = beyond_every_vocabulary(input_ids)
+            self.unchecked += problem is None
+            return problem
+        return out_of_vocabulary(input_ids, vocab)
 
     def _too_long(self, prompt_tokens: int) -> str | None:
         context = self.options.context_length
@@ -258,6 +267,18 @@ def out_of_vocabulary(input_ids: list[int], vocab_size: int) -> str | None:
             return (
                 f"input_ids[{position}] = {token} is outside the model's vocabulary "
                 f"(ids 0 to {vocab_size - 1}); a real SGLang server crashes on it"
+            )
+    return None
+
+
+def beyond_every_vocabulary(input_ids: list[int]) -> str | None:
+    """With the model's vocabulary unknown: the first id of ``input_ids`` no model's vocabulary holds (at
+    or above ``INPUT_ID_CEILING``), described, or None."""
+    for position, token in enumerate(input_ids):
+        if not 0 <= token < INPUT_ID_CEILING:
+            return (
+                f"input_ids[{position}] = {token} is beyond every known model's vocabulary (ids below "
+                f"2^31); a real SGLang server crashes on it"
             )
     return None
 

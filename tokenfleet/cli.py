@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 
 from budget import DatasetSnapshot, Ledger, LedgerError, UnknownDataset
 from budget.urls import redis_url_from_env
@@ -75,12 +76,14 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     from rich.live import Live
 
     from budget.server_board import ServerLedger
+    from tokenfleet.redis_check import unprotected_warning
     from tokenfleet.status_detail import dataset_detail, last_failures
     from workers.sink import dataset_dir
     from workers.version import full_version
 
     ledger = _ledger(args)
     mine = full_version()
+    unprotected = unprotected_warning(_redis_url(args))
 
     servers = ServerLedger(ledger.client)
     names: list[str] = list(dict.fromkeys(args.names))
@@ -125,9 +128,13 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             "workers": workers_json(ledger.workers(), mine),
             "servers": [s.as_dict() | {"url": redact_url(s.url)} for s in servers.status()],
             "version": mine,
+            "warnings": [unprotected] if unprotected else [],
         }
         sys.stdout.write(orjson.dumps(body).decode() + "\n")
-    elif args.watch and not console.is_terminal:
+        return EXIT_OK
+    if unprotected:
+        console.print(f"[bold yellow]warning:[/] {escape(unprotected)}", soft_wrap=True)
+    if args.watch and not console.is_terminal:
         # Into a pipe or a file (rich's Live would show nothing until the end): a view every interval.
         while True:
             console.print(view())

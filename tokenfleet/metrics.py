@@ -117,6 +117,13 @@ GAUGES: Final[tuple[_Gauge, ...]] = (
         lambda s: int(bool(s.output_error)),
     ),
     _Gauge(
+        "held_samples",
+        "Generations whose records the output disk had no room for, held in the ledger until they fit "
+        "(counted in inflight too).",
+        lambda s: s.held,
+    ),
+    _Gauge("held_bytes", "Bytes the held records take in the ledger.", lambda s: s.held_bytes),
+    _Gauge(
         "reasoning_tokens",
         "Of the committed tokens, those the model spent thinking (SGLang's meta_info.reasoning_tokens).",
         lambda s: s.reasoning_tokens,

@@ -35,6 +35,8 @@ class ServerFacts:
     #: The longest prompt (tokens) its scheduler takes.
     max_input_len: int | None = None
     vocab_size: int | None = None
+    #: The model folder ``/model_info`` names (``model_path``), readable here or not.
+    model_folder: str | None = None
 
 
 def _positive_int(value: Any) -> int | None:
@@ -96,6 +98,34 @@ def learn(client: SGLangClient, url: str, info: Mapping[str, Any] | None = None)
         context_length=context,
         max_input_len=_positive_int(info.get("max_req_input_len")),
         vocab_size=vocab_size_of(model_info) if isinstance(model_info, dict) else None,
+        model_folder=model_folder_of(model_info) if isinstance(model_info, dict) else None,
+    )
+
+
+def model_folder_of(model_info: Mapping[str, Any]) -> str | None:
+    """The model folder ``/model_info`` names (``model_path``, else ``tokenizer_path``), or None."""
+    for key in ("model_path", "tokenizer_path"):
+        folder = model_info.get(key)
+        if isinstance(folder, str) and folder:
+            return folder
+    return None
+
+
+def vocab_unknown_warning(servers: Mapping[str, ServerFacts], config_path: str) -> str:
+    """What submit cannot check with the vocabulary unknown, and how to make it check."""
+    folders = sorted({f.model_folder for f in servers.values() if f.model_folder})
+    if folders:
+        named = ", ".join(folders)
+        why = f"the servers name the model folder {named}, whose config.json is not readable here"
+        fix = f"make {folders[0]}/config.json readable on this host, or set [server] vocab_size in "
+        fix += config_path
+    else:
+        why = "no server names its model folder (/model_info)"
+        fix = f"set [server] vocab_size in {config_path}"
+    return (
+        f"the model's vocabulary size is unknown ({why}): pre-tokenized ids are checked only against 2^31 "
+        f"(beyond every model), not against the model's vocabulary, and an id outside it crashes a real "
+        f"SGLang server; to have them checked, {fix}"
     )
 
 

@@ -204,6 +204,9 @@ def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
         "projected_final_tokens": p.final_tokens,
         "projected_remaining_tokens": p.remaining_tokens,
         "projected_remaining_s": _round(p.remaining_s),
+        "output_error": s.output_error,
+        "held": s.held,
+        "held_bytes": s.held_bytes,
     }
 
 

@@ -43,7 +43,8 @@ from tokenfleet.fingerprint import (
 )
 from tokenfleet.publish import GroupSizer, TaskPublisher
 from tokenfleet.reconcile import count_part_lines, disagreement, reconcile_dataset
-from tokenfleet.server_facts import ServerFacts, learn, smallest
+from tokenfleet.redis_check import unprotected_warning
+from tokenfleet.server_facts import ServerFacts, learn, smallest, vocab_unknown_warning
 from tokenfleet.status_view import fleet_view
 from workers.messages import QUEUE_NAME
 from workers.sglang.auth import MissingKey, server_auth
@@ -447,13 +448,15 @@ def run_submit(
             servers = check_servers(cfg, client)
     else:
         servers = learn_servers(cfg)
+    warnings: list[str] = []
+    unprotected = unprotected_warning(cfg.redis_url)
+    if unprotected:
+        warnings.append(unprotected)
     vocab = vocab_size(cfg, servers)
     if vocab is None:
-        console.print(
-            "[yellow]warning:[/] the model's vocabulary size is unknown (no server names a model folder "
-            "readable here): pre-tokenized ids are not checked, and an id outside the vocabulary crashes "
-            "a real SGLang server; set \\[server] vocab_size"
-        )
+        warnings.append(vocab_unknown_warning(servers, str(cfg.source_path)))
+    for line in warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", soft_wrap=True)
     check_output_dir(cfg)
     identity = check_identity(cfg, ledger, accept_change=accept_change, new_version=new_version)
     cfg = identity.cfg  # a --new-version dataset is fed under its version's name
@@ -524,9 +527,24 @@ def run_submit(
         except LedgerError:
             snaps = []
         raise Unsettled("interrupted", snaps) from None
+    finally:
+        # Again below the progress display, where the user looks once it ends.
+        for line in closing_warnings(warnings, feeds):
+            console.print(f"[bold yellow]warning:[/] {escape(line)}", soft_wrap=True)
     if not all(s.settled for s in snaps):  # the ledger has the last word, never the feeder's guess
         raise Unsettled("the feeder stopped before the ledger settled", snaps)
     return snaps
+
+
+def closing_warnings(warnings: Sequence[str], feeds: Sequence[DatasetFeed]) -> list[str]:
+    """The start's warnings, with how many pre-tokenized prompts went unchecked against the vocabulary."""
+    unchecked = sum(f.reader.unchecked for f in feeds if f.reader is not None)
+    out = []
+    for line in warnings:
+        if "vocabulary size is unknown" in line and unchecked:
+            line = f"{unchecked:,} prompt(s) sent with their ids unchecked: {line}"
+        out.append(line)
+    return out
 
 
 def _feed_until_settled(

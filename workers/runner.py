@@ -25,7 +25,7 @@ from workers.batching import CallBatcher
 from workers.conversation import Conversation, ConversationGeneration, record_fields
 from workers.grants import GrantExtender, GrantWatch, watched_interval
 from workers.leases import Lease, LeaseKeeper
-from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard
+from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard, worst_record_bytes
 from workers.rids import new_rid
 from workers.server_picker import PROBE_TIMEOUT_S, ServerPicker, SlotWaitCancelled
 from workers.sglang.auth import MissingKey, server_auth
@@ -47,9 +47,11 @@ log = logging.getLogger(__name__)
 
 
 def out_of_vocabulary(input_ids: list[int] | None, vocab_size: int | None) -> str | None:
-    """Why ``input_ids`` must not be sent to a server whose model has ``vocab_size`` ids, or None."""
-    if not input_ids or not vocab_size:
+    """Why ``input_ids`` must not be sent to a server whose model has ``vocab_size`` ids (unknown: no
+    model has ``INPUT_ID_CEILING``), or None."""
+    if not input_ids:
         return None
+    vocab_size = vocab_size or defaults.INPUT_ID_CEILING
     low, high = min(input_ids), max(input_ids)
     if low >= 0 and high < vocab_size:
         return None
@@ -75,6 +77,8 @@ def backoff_s(
 COMMIT_LINGER_S = 0.25
 COMMIT_MAX_LINGER_S = 2.0
 COMMIT_BATCH = 8
+#: What SGLang generates at most when a request sets no ``max_new_tokens``.
+DEFAULT_MAX_NEW_TOKENS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +181,20 @@ class SampleRunner:
             return [Outcome("dropped", f"output_unwritable: {problem}") for _ in samples], []
         attempt_ids = [uuid.uuid4().hex[:16] for _ in samples]
         wants = [self._want(dataset, s) for s in samples]
+        fit, problem = self._room_for(dataset, sids, samples, wants)
+        if fit < len(samples):  # no room for the records of the rest: not generated, fed again
+            if fit == 0:
+                self.sleep(HAND_BACK_WAIT_S)
+            self.ledger.unqueue(dataset, sids[fit:], "output_unwritable")
+            for sid in sids[fit:]:  # set aside by an outer call of a group that fitted less here
+                self.output_guard.finished(dataset, sid)
+            rest: list[Outcome | None] = [
+                Outcome("dropped", f"output_unwritable: {problem}") for _ in samples[fit:]
+            ]
+            if fit == 0:
+                return rest, []
+            head, attempts = self.admit_many(dataset, samples[:fit])
+            return head + rest, attempts
         asks = list(zip(sids, attempt_ids, wants, strict=True))
         group = self.ledger.admit_many(dataset, asks, self.lease_ms)
         outcomes: list[Outcome | None] = [
@@ -184,6 +202,9 @@ class SampleRunner:
             for admission, _ in group.results
         ]
         admitted = [i for i, o in enumerate(outcomes) if o is None]
+        for i, o in enumerate(outcomes):
+            if o is not None:
+                self.output_guard.finished(dataset, sids[i])
         if not admitted:
             return outcomes, []
         if group.spec is None:  # cannot happen: the ledger sends the spec with any admission
@@ -196,6 +217,7 @@ class SampleRunner:
         problem = self.output_guard.check_storage(dataset, folder, output_dir, spec.storage_token)
         if problem is not None:  # not the storage submit checked: records written here would be lost
             for i in admitted:
+                self.output_guard.finished(dataset, sids[i])
                 self.ledger.release(dataset, sids[i], attempt_ids[i], "output_unwritable")
                 outcomes[i] = Outcome("dropped", f"output_unwritable: {problem}")
             return outcomes, []
@@ -214,6 +236,22 @@ class SampleRunner:
             for i in admitted
         ]
         return outcomes, attempts
+
+    def _room_for(
+        self, dataset: str, sids: list[str], samples: list[dict[str, Any]], wants: list[int]
+    ) -> tuple[int, str | None]:
+        """How many of ``samples`` (the first ones) the output folder has room for, with the records this
+        process has in flight, and why not the rest (``OutputGuard.admit_room``); all of them before this
+        process has seen the dataset's spec."""
+        spec = self._specs.get(dataset)
+        if spec is None:
+            return len(samples), None
+        folder = dataset_dir(Path(spec.output_dir), dataset)
+        worst = {
+            sid: worst_record_bytes(sample, want or DEFAULT_MAX_NEW_TOKENS)
+            for sid, sample, want in zip(sids, samples, wants, strict=True)
+        }
+        return self.output_guard.admit_room(dataset, folder, worst)
 
     def _want(self, dataset: str, sample: dict[str, Any]) -> int:
         """The most tokens ``sample``'s generation may produce, for its reservation: max_new_tokens, times
@@ -245,6 +283,7 @@ class SampleRunner:
             raise
         finally:
             self.keeper.drop(a.lease)
+            self.output_guard.finished(a.dataset, a.sid)
 
     def _progress(self, a: Attempt) -> tuple[Progress, str]:
         return self.ledger.progress(a.dataset, a.sid, a.attempt, self.lease_ms)
@@ -457,9 +496,13 @@ class SampleRunner:
         try:
             self.sink.write_record(a.folder, record, a.spec.fsync)
         except OutputUnwritable as e:
-            # Not written, so not counted: the sample goes back to pending, and this worker takes no more
-            # of the dataset's work until it can write there again.
+            # Not written, so not counted yet: the record is held in the ledger and written once room
+            # comes back (by any worker), not generated again; past the cap on held records, the sample
+            # goes back to pending. This worker takes no more of the dataset's work until it can write.
             self.output_guard.block(a.dataset, a.folder, e)
+            self.keeper.drop(a.lease)  # its lease is kept without expiry now: no renewal of it
+            if self.output_guard.hold(a.dataset, a.sid, a.attempt, record, gen.completion_tokens):
+                return Outcome("held", f"output_unwritable: {e.reason}", gen.completion_tokens)
             self.ledger.release(a.dataset, a.sid, a.attempt, "output_unwritable", gen.completion_tokens)
             return Outcome("dropped", f"output_unwritable: {e.reason}", gen.completion_tokens)
         if a.on_generated is not None:

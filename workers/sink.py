@@ -177,14 +177,18 @@ class OutputSink:
             t.lead = False
             t.done.set()
 
-    def check_writable(self, dataset_dir: Path) -> None:
-        """Write, flush and remove a small probe file in ``dataset_dir``; raises ``OutputUnwritable``."""
+    def check_writable(self, dataset_dir: Path, size: int = PROBE_BYTES) -> None:
+        """Write ``size`` bytes (a record's worth), flush and remove a probe file in ``dataset_dir``;
+        raises ``OutputUnwritable``."""
         probe = dataset_dir / f".probe-{_process_tag()}"
         try:
             dataset_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, b"\0" * PROBE_BYTES)
+                data = b"\0" * size
+                written = 0
+                while written < len(data):
+                    written += os.write(fd, data[written:])
                 os.fsync(fd)
             finally:
                 os.close(fd)

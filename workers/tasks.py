@@ -76,6 +76,7 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
         every_s=settings.heartbeat_s,
     )
     _heartbeat.start()
+    r.output_guard.start_flusher()  # held records (a full disk) are written by any process once they fit
     log.warning(
         "tokenfleet worker %s: %s task threads take messages while this process has room: %d generations "
         "at once until it runs a dataset whose servers have caps, then their sum and as many again (at most "
@@ -96,6 +97,8 @@ def _stop_heartbeat(**_: Any) -> None:
         if room.used:
             log.warning("waiting for %d generation(s) in flight to finish and commit", room.used)
         pool.shutdown(wait=True)
+    if _runner is not None:
+        _runner.output_guard.stop_flusher()
     if _heartbeat is not None:
         _heartbeat.stop()
 

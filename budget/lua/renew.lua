@@ -37,7 +37,8 @@ for i = 1, n do
   end
 end
 if #lease_args > 0 then
-  redis.call('ZADD', leases, 'XX', unpack(lease_args))
+  -- GT: a held sample's lease (no expiry, budget/lua/hold.lua) is never shortened by a late renewal
+  redis.call('ZADD', leases, 'XX', 'GT', unpack(lease_args))
   if #live_args > 0 then redis.call('HSET', live, unpack(live_args)) end
   if delta ~= 0 then redis.call('HINCRBY', ledger, 'live_tokens', delta) end
   rate_add(rate_tokens, gained)

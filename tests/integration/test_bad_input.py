@@ -12,7 +12,7 @@ import pytest
 
 from budget import Ledger
 from tests.support.files import read_jsonl, unique, write_config
-from tests.support.fleet import Sim, export
+from tests.support.fleet import Sim, export, text_rows
 from tokenfleet.cli import main
 
 pytestmark = pytest.mark.integration
@@ -75,3 +75,77 @@ def test_every_kind_of_bad_line_is_rejected_with_its_line_and_reason_and_the_res
     assert main(["status", "--json", "--redis-url", fleet_redis_url, name]) == 0
     figures = orjson.loads(capsys.readouterr().out)["datasets"][0]
     assert figures["rejected"] == len(expected) and figures["unfed"] == 0
+
+
+def test_a_redis_url_with_a_password_for_a_redis_without_one_is_named_at_submit_and_in_status(
+    workers: Any,
+    fleet_redis_url: str,
+    fleet_ledger: Ledger,
+    sim: Sim,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = unique("nopass")
+    with_password = fleet_redis_url.replace("redis://", "redis://:hunter2@", 1)
+    config = write_config(
+        tmp_path,
+        redis_url=with_password,
+        servers=[sim.url],
+        datasets=[{"name": name, "rows": text_rows(3)}],
+        sampling={"max_new_tokens": 8},
+    )
+
+    assert main(["submit", str(config)]) == 0
+    said = capsys.readouterr().out
+    warning = "has a password, but that Redis has none: it takes commands without one"
+    assert warning in said and "protects nothing" in said and "set requirepass" in said
+    assert "hunter2" not in said
+    assert fleet_ledger.snapshot(name).samples == 3
+
+    assert main(["status", "--redis-url", with_password, name]) == 0
+    assert warning in capsys.readouterr().out
+    assert main(["status", "--json", "--redis-url", with_password, name]) == 0
+    (in_json,) = orjson.loads(capsys.readouterr().out)["warnings"]
+    assert warning in in_json and "hunter2" not in in_json
+    assert main(["status", "--redis-url", fleet_redis_url, name]) == 0
+    assert warning not in capsys.readouterr().out  # no password, nothing to warn about
+
+
+def test_with_the_vocabulary_unknown_an_id_beyond_every_model_is_rejected_and_submit_says_how_to_check(
+    workers: Any,
+    fleet_redis_url: str,
+    fleet_ledger: Ledger,
+    sim_factory: Callable[..., Sim],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The server names a model folder that is not on this host: submit cannot learn the vocabulary.
+    sim = sim_factory(model_path="/models/not-on-this-host")
+    name = unique("novocab")
+    rows: list[dict[str, Any]] = [{"id": f"ok-{i}", "input_ids": [5, 6, 7 + i]} for i in range(4)]
+    rows.insert(1, {"id": "huge", "input_ids": [5, 2**63 - 1, 6]})
+    rows.insert(3, {"id": "just-beyond", "input_ids": [2**31]})
+    config = write_config(
+        tmp_path, redis_url=fleet_redis_url, servers=[sim.url], datasets=[{"name": name, "rows": rows}]
+    )
+
+    assert main(["submit", str(config)]) == 0
+    said = " ".join(capsys.readouterr().out.split())  # as read on the terminal, whatever its width
+
+    rejected = {r["line"]: r["reason"] for r in read_jsonl(tmp_path / "out" / name / "rejected.jsonl")}
+    assert set(rejected) == {2, 4}
+    assert "input_ids[1] = 9223372036854775807 is beyond every known model's vocabulary" in rejected[2]
+    assert "input_ids[0] = 2147483648 is beyond every known model's vocabulary" in rejected[4]
+    records = export(fleet_ledger, name, tmp_path)
+    assert sorted(r["id"] for r in records) == [f"ok-{i}" for i in range(4)]
+    assert max(i for r in records for i in r["input_ids"]) < 2**31
+    assert not sim.server.crashed and sim.stats()["requests"] == 1 + 4
+
+    # What it cannot check, and how to make it check: at the start and again once the run is over.
+    unknown = "the model's vocabulary size is unknown (the servers name the model folder "
+    assert said.count(unknown + "/models/not-on-this-host, whose config.json is not readable here)") == 2
+    assert "checked only against 2^31" in said
+    fix = "make /models/not-on-this-host/config.json readable on this host, or set [server] vocab_size in "
+    fix += str(config)
+    assert said.count(fix) == 2
+    assert "warning: 4 prompt(s) sent with their ids unchecked: the model's vocabulary size" in said

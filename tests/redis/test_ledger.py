@@ -418,6 +418,9 @@ def test_forget_deletes_every_key_of_the_dataset_and_only_that_one(
     ledger.unqueue(DS, ["s4"], "publish failed")
     ledger.set_identity(DS, epoch="e1")
     ledger.set_source_digest(DS, "digest")
+    ledger.admit(DS, "s5", "a")
+    ledger.hold(DS, "s5", "a", b'{"id": "s5"}', 3, max_bytes=1000)  # a record the disk had no room for
+    ledger.claim_held_flush(DS, "me", 10_000)
     every_key = set(dataclasses.asdict(ledger.keys_of(DS)).values())
     # all but the (empty) queued set and the strikes hash nothing gave up on
     expected = every_key - {ledger.keys_of(DS).queued_zset, ledger.keys_of(DS).strikes_hash}
