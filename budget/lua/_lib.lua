@@ -81,8 +81,9 @@ local function grant_pool(mode, budget)
 end
 
 -- The least budget a new generation needs under ``mode``, its dataset's max_new_tokens being ``max_new``
--- (0: SGLang's default, 128) and ``mean`` the mean committed length (0: none yet): truncate, a token (its
--- answer may be cut there); discard, an answer of the expected length whole; nil, drain: no grants.
+-- (0: SGLang's default, 128) and ``mean`` the length an answer in flight is expected to have (0: none
+-- committed yet; discard_length): truncate, a token (its answer may be cut there); discard, an answer of
+-- that length whole (the rule of discard_full with none in flight: the two never disagree); nil, drain.
 local function floor_of(mode, max_new, mean)
   if mode == 'drain' then return nil end
   if mode ~= 'discard' then return 1 end
@@ -97,8 +98,20 @@ local function mean_length(ledger)
   return 0
 end
 
+-- discard only: the length an answer in flight is expected to have, from the committed ``tokens`` and the
+-- sum of their squares: long answers stay in flight longer, so the answers in flight are a length-biased
+-- draw, E[L^2] / E[L] of the committed lengths, not their mean (a third more for lengths with a lognormal
+-- sigma of 0.5); the mean where the squares were not kept (a ledger rebuilt from the outputs, or older);
+-- 0 before any is committed.
+local function discard_length(tokens, tokens_sq, samples)
+  if tokens > 0 and tokens_sq > 0 then return tokens_sq / tokens end
+  if samples > 0 then return tokens / samples end
+  return 0
+end
+
 local function reserve_floor(ledger, mode)
-  return floor_of(mode, num(ledger, 'max_new_tokens'), mean_length(ledger))
+  return floor_of(mode, num(ledger, 'max_new_tokens'),
+    discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')))
 end
 
 -- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest grant
@@ -161,14 +174,9 @@ local function drain_full(figures, inflight, budget)
 end
 
 -- discard only: {committed + discarded + live, the length a generation in flight is expected to have in
--- all}. Long answers stay in flight longer, so the answers in flight are a length-biased draw: their
--- expected length is E[L^2] / E[L] of the committed lengths, not their mean (a third more for lengths with
--- a lognormal sigma of 0.5); max_new_tokens before any is committed.
+-- all (discard_length; max_new_tokens before any is committed)}.
 local function discard_figures(ledger)
-  local tokens = num(ledger, 'tokens')
-  local mean = 0
-  if tokens > 0 then mean = num(ledger, 'tokens_sq') / tokens end
-  if mean <= 0 then mean = mean_length(ledger) end
+  local mean = discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples'))
   if mean <= 0 then mean = num(ledger, 'max_new_tokens') end
   if mean <= 0 then mean = 128 end
   return {spent(ledger) + num(ledger, 'live_tokens'), mean}

@@ -722,3 +722,24 @@ def test_random_interleavings_of_admit_extend_commit_and_release_never_pass_the_
     assert f["tokens"] + f["discarded_tokens"] - f["overdrawn_tokens"] <= pool
     assert admitted >= 10 and extended > 0 and overdraws > 0  # the run did exercise every path
     assert starvations <= 1  # the end is declared once: nothing here clears it
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_discard_dataset_with_nothing_in_flight_is_either_exhausted_or_admits_the_next_answer(
+    ledger: Ledger, seed: int
+) -> None:
+    # discard's exhaustion and its admission rule read the same expected length (E[L^2] / E[L] of the
+    # committed lengths, longer than their mean): with none in flight they must never disagree, or the
+    # dataset would wait forever, neither settled nor fed.
+    rnd = random.Random(seed)
+    make(ledger, token_budget=5000, on_budget="discard")
+    for i in range(200):
+        snap = ledger.snapshot(DS)
+        if snap.state == DatasetState.EXHAUSTED:
+            break
+        assert snap.inflight == 0
+        result = ledger.admit(DS, f"s{i}", "a", want=MAX_NEW)
+        assert result.admission is Admission.OK, (i, snap.tokens, result)
+        tokens = min(result.cap, rnd.choice([5, 20, 80, 300]))
+        assert ledger.commit(DS, f"s{i}", "a", tokens) is CommitOutcome.COMMITTED
+    assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
