@@ -143,9 +143,9 @@ end
 -- of the mean length (``mean``; an eighth of ``want`` before any) is left beyond that: one started with
 -- less would be cut within a few tokens, a junk answer. Once a running answer asked for more and the
 -- budget could not give it (``starved``), the budget's end has come: what is left goes to the answers
--- running, and none starts until twice that much is left again (what answers cut early or ending short
--- give back), so answers are cut at the end and not in turns with new ones. With none running, whatever
--- is left may start one.
+-- running, and a new one starts only where an answer's length is left for each of them (what answers cut
+-- early or ending short give back, as fewer run), so answers are cut at the end and not in turns with new
+-- ones, and the last ones do not run alone. With none running, whatever is left may start one.
 local function room_for_new(left, leased, want, mean, starved)
   if left <= 0 then return 0 end
   if leased == 0 then return left end
@@ -153,7 +153,7 @@ local function room_for_new(left, leased, want, mean, starved)
   local step = math.ceil(mean or 0)
   if step <= 0 then step = math.ceil(want / 8) end
   local least = math.min(want, step)
-  if starved then least = 2 * (GRANT_MIN * leased + least) end
+  if starved then least = math.max(least, leased * step) end
   if room < least then return 0 end
   return room
 end

@@ -57,7 +57,7 @@ def room_for_new(left: int, leased: int, want: int, mean: float = 0, starved: bo
     """What a new generation may take its grant from (room_for_new in _lib.lua), ``leased`` running: all that
     is left with none running; else what is left beyond 16 for each one running, where that is at least a
     mean answer (or the want, if smaller), and 0 otherwise. Starved (extend found the budget's end), the
-    room must hold twice the 16 for each one running and that answer."""
+    room must hold that answer for each one running."""
     if left <= 0:
         return 0
     if leased == 0:
@@ -65,7 +65,7 @@ def room_for_new(left: int, leased: int, want: int, mean: float = 0, starved: bo
     room = left - GRANT_MIN * leased
     least = min(want, _step(want, mean))
     if starved:
-        least = 2 * (GRANT_MIN * leased + least)
+        least = max(least, leased * _step(want, mean))
     return room if room >= least else 0
 
 

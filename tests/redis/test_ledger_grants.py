@@ -369,33 +369,37 @@ def test_extend_with_no_least_never_marks_the_dataset_starved(
     assert sum(grants) == 100 and not is_starved(redis_client)
 
 
-def _starved_with_one_running(ledger: Ledger, redis_client: redis.Redis) -> None:
-    """Budget 100: s1 and s2 running with 16 each; s1's ask of at least 100 finds the budget's end (all of
-    the 68 left, starved); s1 then ends at 30, giving 54 back while s2 runs."""
-    _two_running(ledger)
-    assert extend(ledger, "s1", 100, least=100) == 16 + 68  # less than its least: all that is left
+def _starved_with_two_running(ledger: Ledger, redis_client: redis.Redis) -> None:
+    """Budget 124: s1, s2 and s3 running with 16 each; s1's ask of at least 1000 finds the budget's end (all
+    of the 76 left, starved); s1 then ends at 30, giving 62 back while s2 and s3 run."""
+    make(ledger, token_budget=124)
+    assert [lease(ledger, sid) for sid in ("s1", "s2", "s3")] == [16, 16, 16]
+    assert extend(ledger, "s1", 1000, least=1000) == 16 + 76  # less than its least: all that is left
     assert is_starved(redis_client)
     assert ledger.commit(DS, "s1", "a1", 30) is CommitOutcome.COMMITTED
-    assert 100 - budget_taken(redis_client) == 54
+    assert 124 - budget_taken(redis_client) == 62
 
 
 def test_starved_admit_says_limit_for_new_samples_while_some_run_and_admits_with_none_running(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    _starved_with_one_running(ledger, redis_client)
-    # not starved, 54 left with one running would start one: 38 beyond its 16, a mean answer (30) of them
-    assert room_for_new(54, 1, MAX_NEW, 30, starved=False) == 38
+    _starved_with_two_running(ledger, redis_client)
+    # not starved, 62 left with two running would start one: 30 beyond their 16 each, a mean answer (30);
+    # starved, it needs a mean answer for each of the two running
+    assert room_for_new(62, 2, MAX_NEW, 30, starved=False) == 30
+    assert room_for_new(62, 2, MAX_NEW, 30, starved=True) == 0
 
-    result = ledger.admit(DS, "s3", "a1")
-    assert (result.admission, result.cap) == (Admission.LIMIT, 0)  # the budget's end: s2 gets what is left
-    assert ledger.enqueue(DS, ["s4"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]  # enqueue agrees
-    assert ledger.admit_many(DS, [("s3", "a1", 0), ("s4", "a1", 0)]).results == [(Admission.LIMIT, 0)] * 2
-    # the running one is extended: a share of the 54 left (27), within a mean answer, at least 16
-    assert extend(ledger, "s2", 50, least=16) == 16 + 27
+    result = ledger.admit(DS, "s4", "a1")
+    assert (result.admission, result.cap) == (Admission.LIMIT, 0)  # the budget's end: s2, s3 get what is left
+    assert ledger.enqueue(DS, ["s5"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]  # enqueue agrees
+    assert ledger.admit_many(DS, [("s4", "a1", 0), ("s5", "a1", 0)]).results == [(Admission.LIMIT, 0)] * 2
+    # a running one is extended: a share of the 62 left per 2 in flight (15), at least 16
+    assert extend(ledger, "s2", 50, least=16) == 16 + 16
 
-    assert ledger.commit(DS, "s2", "a1", 20) is CommitOutcome.COMMITTED  # none running now
-    assert ledger.enqueue(DS, ["s4"], window=10) == [ENQUEUE_PUBLISH]
-    assert lease(ledger, "s4") == 25  # 50 left, none running: a share of 25, within a mean answer (25)
+    for sid in ("s2", "s3"):
+        assert ledger.commit(DS, sid, "a1", 10) is CommitOutcome.COMMITTED  # none running now
+    assert ledger.enqueue(DS, ["s5"], window=10) == [ENQUEUE_PUBLISH]
+    assert lease(ledger, "s5") > 0  # with none running, what is left may start one
     assert is_starved(redis_client)  # only the limits changing clear it
 
 
@@ -424,9 +428,9 @@ def test_set_limits_raising_the_budget_clears_starved_and_admits_again_while_som
 
     ledger.set_limits(DS, token_budget=150)
 
-    # 50 left with 2 running: 18 beyond their 16 each, more than an eighth of 64; starved it would not be
+    # 50 left with 2 running: 18 beyond their 16 each, more than an eighth of 64
     assert not is_starved(redis_client)
-    assert room_for_new(50, 2, MAX_NEW, starved=True) == 0
+    assert room_for_new(50, 2, MAX_NEW, starved=False) == 18
     assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_PUBLISH]
     assert lease(ledger, "s3") == 16  # a share of 18 per 3 running is 3: an eighth of 64, at least 16
     assert extend(ledger, "s2", 100, least=16) == 32  # the starved one's next ask is granted
