@@ -38,10 +38,13 @@ REAL_SGLANG_ROOT ?= $(HOME)/.cache/real-sglang
 REAL_SGLANG_PORT ?= 31000
 REAL_SGLANG := REAL_SGLANG_RECIPE=$(REAL_SGLANG_RECIPE) REAL_SGLANG_ROOT=$(REAL_SGLANG_ROOT) REAL_SGLANG_PORT=$(REAL_SGLANG_PORT)
 
+# One run of the suite at a time per REAL_SGLANG_ROOT (flock; a second run waits, and says how long): the
+# recipe's serve step stops the server whose pid the root holds, so two runs at once stop each other's.
 conformance: $(VENV)/.installed
 	$(PY) scripts/ensure_redis.py
 	$(REAL_SGLANG) $(PY) -m tests.conformance.real_server install
-	$(REAL_SGLANG) $(PY) -m pytest tests/conformance -m conformance $(PYTEST_ARGS)
+	$(REAL_SGLANG) flock --verbose $(REAL_SGLANG_ROOT)/.conformance.lock \
+		$(PY) -m pytest tests/conformance -m conformance $(PYTEST_ARGS)
 
 # The default compose.yaml stack on a real Docker engine (docs/operations.md): build, up, the demo job to exit
 # 0, Flower, metrics, status, export, --scale worker=2, a crash and a revoke of a longer dataset, the ledger
