@@ -560,20 +560,24 @@ SPEED_WORKLOADS: dict[str, dict[str, Any]] = {
 
 
 class LoadTimeline(TokenTimeline):
-    """The simulator's generated tokens and running requests, read every ``every_s``."""
+    """The simulator's generated tokens and running requests, and the ledger's generations in flight (its
+    leases: admitted, generating or waiting for a server slot), read every ``every_s``."""
 
-    def __init__(self, url: str, every_s: float = 0.1) -> None:
+    def __init__(self, url: str, redis_url: str, every_s: float = 0.1) -> None:
         super().__init__(url, every_s)
-        #: (tokens generated so far, requests running, requests waiting in the server's queue)
+        self.redis_url = redis_url
+        #: (tokens generated so far, requests running, the ledger's generations in flight)
         self.running: list[tuple[int, int, int]] = []
 
     def _run(self) -> None:
+        ledger = Ledger.from_url(self.redis_url)
         with httpx.Client(timeout=10) as client:
             while not self._stop.wait(self.every_s):
                 totals = client.get(self.url + "/sim/stats?totals=1").json()
                 tokens = int(totals["generated_tokens"]) - self._base
+                inflight = sum(ledger.snapshot(name).inflight for name in ledger.datasets())
                 self.points.append((time.monotonic(), tokens))
-                self.running.append((tokens, int(totals["running"]), int(totals["waiting"])))
+                self.running.append((tokens, int(totals["running"]), inflight))
 
     def last_token_at(self) -> float:
         total = self.points[-1][1] if self.points else 0
@@ -589,9 +593,9 @@ class LoadTimeline(TokenTimeline):
         return shares[len(shares) // 10] if shares else float("nan")
 
     def at_the_end(self, budget: int, share: float = 0.98) -> int:
-        """The most requests at the server (running and waiting) once ``share`` of ``budget`` was generated:
-        the generations in flight at the budget's end."""
-        return max((r + w for n, r, w in self.running if n >= share * budget), default=0)
+        """The most generations the ledger had in flight once ``share`` of ``budget`` was generated: those
+        in flight at the budget's end."""
+        return max((f for n, _, f in self.running if n >= share * budget), default=0)
 
 
 def section_budget_speed(args: argparse.Namespace) -> list[str]:
@@ -615,7 +619,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                 for i in range(args.repeats):
                     rows_i = prompts(n, seed=11 + i)
                     for policy in ["none", *args.speed_policies]:
-                        timeline = LoadTimeline(url)
+                        timeline = LoadTimeline(url, redis_url)
                         started = time.monotonic()
                         with timeline:
                             name, _ = run_fleet(

@@ -173,19 +173,20 @@ local function drain_full(figures, inflight, budget)
   return committed + live + expected >= budget
 end
 
--- discard only: {committed + discarded + live, the length a generation in flight is expected to have in
--- all (discard_length; max_new_tokens before any is committed)}.
+-- discard only: {committed + discarded, live, the length a generation in flight is expected to have in all
+-- (discard_length; max_new_tokens before any is committed)}.
 local function discard_figures(ledger)
   local mean = discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples'))
   if mean <= 0 then mean = num(ledger, 'max_new_tokens') end
   if mean <= 0 then mean = 128 end
-  return {spent(ledger) + num(ledger, 'live_tokens'), mean}
+  return {spent(ledger), num(ledger, 'live_tokens'), mean}
 end
 
 -- discard only: whether ``n`` generations in flight (the one to start included) could not be expected to
--- end within the budget.
+-- end within the budget: what is spent, and what those in flight are expected to have in all, or what
+-- they have produced where that is more (drain's rule, with discard's expected length).
 local function discard_full(figures, n, budget)
-  return figures[1] + n * figures[2] > budget
+  return figures[1] + math.max(figures[2], n * figures[3]) > budget
 end
 
 local function drain_blocked(ledger, leases, budget)

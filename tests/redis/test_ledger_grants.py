@@ -554,15 +554,20 @@ def test_discard_admits_while_committed_live_and_a_mean_answer_per_generation_in
     assert sum(caps) < grant_pool("discard", 100) - 20  # the pool had more: the expected rule said limit
 
 
-def test_discard_counts_live_tokens_in_its_admission_rule(ledger: Ledger) -> None:
+def test_discard_counts_live_tokens_in_its_admission_rule_where_they_pass_what_is_expected(
+    ledger: Ledger,
+) -> None:
     make(ledger, token_budget=100, on_budget="discard")
     commit_new(ledger, "c", 20)
     lease(ledger, "s1", want=5)
-    assert ledger.renew_many(DS, [("s1", "a1", 41)]) == [True]  # 20 + 41 live + 2 x 20 = 101 > 100
-
-    assert ledger.admit(DS, "s2", "a1", want=5).admission is Admission.LIMIT
-    assert ledger.renew_many(DS, [("s1", "a1", 40)]) == [True]  # 20 + 40 + 2 x 20 = 100
+    # expected of the two in flight: 2 x 20; what s1 has produced counts where it is more (drain's rule)
+    assert ledger.renew_many(DS, [("s1", "a1", 40)]) == [True]  # 20 + max(40, 2 x 20) = 60
     assert lease(ledger, "s2", want=5) == 5
+    assert ledger.renew_many(DS, [("s1", "a1", 75), ("s2", "a1", 6)]) == [True, True]  # 20 + 81 > 100
+
+    assert ledger.admit(DS, "s3", "a1", want=5).admission is Admission.LIMIT
+    assert ledger.renew_many(DS, [("s1", "a1", 74)]) == [True]  # 20 + max(80, 3 x 20) = 100
+    assert lease(ledger, "s3", want=5) == 5
 
 
 def test_discard_grants_from_the_budget_plus_one_percent(ledger: Ledger, redis_client: redis.Redis) -> None:
@@ -634,7 +639,7 @@ def _expected_caps(client: redis.Redis, mode: str, budget: int, wants: list[int]
     caps: list[int] = []
     for want in wants:
         ok = sum(c > 0 for c in caps)
-        if mode == "discard" and spent + f["live_tokens"] + (leased + ok + 1) * length > budget:
+        if mode == "discard" and spent + max(f["live_tokens"], (leased + ok + 1) * length) > budget:
             caps.append(0)
             continue
         cap = admit_grant(left, leased, 0, len(wants), ok, want, mean, starved=f["starved"] == 1)

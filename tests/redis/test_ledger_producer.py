@@ -165,7 +165,7 @@ def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) ->
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
 
-def test_enqueue_under_discard_returns_budget_in_flight_once_a_mean_answer_per_generation_no_longer_fits(
+def test_enqueue_under_discard_returns_budget_in_flight_once_the_answers_expected_in_flight_no_longer_fit(
     ledger: Ledger,
 ) -> None:
     make(ledger, token_budget=1000, on_budget="discard")
@@ -177,7 +177,8 @@ def test_enqueue_under_discard_returns_budget_in_flight_once_a_mean_answer_per_g
     # 250 + 3 x 250 = 1000 <= 1000: one more fits
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
-    report_live(ledger, "l", "a", 1)  # 250 + 1 live + 3 x 250 > 1000, though 632 of the pool are free
+    # what runs has produced more than the 3 x 250 expected of it: 250 + 751 > 1000, though the pool has room
+    report_live(ledger, "l", "a", 751)
 
     assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
     assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
