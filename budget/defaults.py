@@ -25,8 +25,6 @@ BACKOFF_BASE_S: Final = 1.0
 BACKOFF_CAP_S: Final = 30.0
 #: What happens to generations in flight when the token budget is reached (docs/budgets.md).
 ON_BUDGET: Final = "truncate"
-#: SGLang's own max_new_tokens for a request that sets none (the ledger's Lua uses the same figure).
-SGLANG_MAX_NEW_TOKENS: Final = 128
 #: "always": a record is on disk (fsync) before the ledger counts it; "never": in the page cache.
 FSYNC: Final = "always"
 #: When a dataset's sampling sets no ``stream_interval``, the worker picks one per request so that a

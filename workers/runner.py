@@ -39,6 +39,7 @@ from workers.sglang.client import (
     SGLangError,
     Unauthorized,
 )
+from workers.sglang.protocol import SGLANG_DEFAULT_MAX_NEW_TOKENS
 from workers.sink import OutputUnwritable, dataset_dir
 from workers.stops import InflightRequests, StopWatcher
 from workers.stream_pacing import PacedTooLong, StreamPacer
@@ -77,8 +78,6 @@ def backoff_s(
 COMMIT_LINGER_S = 0.25
 COMMIT_MAX_LINGER_S = 2.0
 COMMIT_BATCH = 8
-#: What SGLang generates at most when a request sets no ``max_new_tokens``.
-DEFAULT_MAX_NEW_TOKENS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +230,7 @@ class SampleRunner:
                 self.keeper.hold(dataset, sids[i], attempt_ids[i]),
                 folder,
                 group.results[i][1],
-                wants[i] or self._want(dataset, samples[i]) or defaults.SGLANG_MAX_NEW_TOKENS,
+                wants[i] or self._want(dataset, samples[i]) or SGLANG_DEFAULT_MAX_NEW_TOKENS,
             )
             for i in admitted
         ]
@@ -248,7 +247,7 @@ class SampleRunner:
             return len(samples), None
         folder = dataset_dir(Path(spec.output_dir), dataset)
         worst = {
-            sid: worst_record_bytes(sample, want or DEFAULT_MAX_NEW_TOKENS)
+            sid: worst_record_bytes(sample, want or SGLANG_DEFAULT_MAX_NEW_TOKENS)
             for sid, sample, want in zip(sids, samples, wants, strict=True)
         }
         return self.output_guard.admit_room(dataset, folder, worst)
