@@ -9,10 +9,10 @@ is watched against the grant, with no ledger call per chunk:
   more (``Ledger.extend_many``: the asks of a process's threads that come together share one call). Far
   from the budget's end a grant is the whole ``max_new_tokens`` and nothing is ever asked.
 - **Stop at the grant.** Where the budget has nothing more to give, the stream is stopped before its next
-  chunk could pass the grant (nor the one after: a reader busy with many streams may be a chunk behind the
-  server; what a stream stopped early leaves goes back to the budget): its rid is aborted, and the server
-  ends it after one more decode step (``ABORT_LAG_TOKENS``). Under truncate the answer is kept, cut; under
-  discard it is thrown away.
+  chunk could pass the grant, with the lag the process measured (``GrantExtender.stopped``: how far
+  stopped streams went past their grants, a busy reader being behind the server): its rid is aborted, and
+  the server ends it after one more decode step (``ABORT_LAG_TOKENS`` at least). Under truncate the
+  answer is kept, cut; under discard it is thrown away.
 - **Chunks often enough to see it.** A stream whose grant is less than it may want asks for a chunk every
   sixteenth of its grant (at least ``INTERVAL_MIN`` tokens, at most the pacer's interval), so the stop lands
   within a few tokens of the grant.
@@ -30,7 +30,7 @@ from workers.batching import CallBatcher
 #: lands, and one for the abort's own round trip.
 ABORT_LAG_TOKENS: Final = 2
 #: The least ``stream_interval`` a grant-watched stream asks for.
-INTERVAL_MIN: Final = 16
+INTERVAL_MIN: Final = 8
 #: A grant-watched stream asks for a chunk every this fraction of its grant.
 INTERVAL_SHARE: Final = 4
 #: Ask for more at least this many tokens before the grant.
@@ -46,22 +46,22 @@ LAG_MAX_TOKENS: Final = 256
 
 class GrantExtender:
     """One per worker process: the asks for more of a budget, grouped into one ledger call per dataset;
-    and how far past its stop point a stream stopped at its grant still went (``lag_tokens``): the server
-    generates on while this process reads its chunks, later when it is busy, and a stop is moved ahead by
-    that much, learned from the streams stopped so far."""
+    and how far ahead of its grant a stream must stop (``lag_tokens``): the server generates on while this
+    process reads its chunks and sends the abort, longer when it is busy, so a stop is moved ahead by what
+    the streams stopped so far went past their grants."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._batcher: CallBatcher[str, Ask, int] = CallBatcher("extender", self._extend)
         self._ledger = ledger
         self.lag_tokens = float(ABORT_LAG_TOKENS)
 
-    def stopped(self, granted: int, generated: int, interval: int) -> None:
-        """A stream of chunks of ``interval`` tokens, stopped at its grant of ``granted``, ended with
-        ``generated``. With the lag right, a stream ends between one and two chunks before its grant
-        (it stops at the first chunk within two chunks and the lag of it), never past it: the lag moves by
-        half of how far the stream ended from one chunk short of its grant (a stop before the grant wastes
-        nothing: what is left goes back to the budget)."""
-        lag = self.lag_tokens + 0.5 * (generated - granted + interval)
+    def stopped(self, granted: int, generated: int) -> None:
+        """A stream stopped at its grant of ``granted`` tokens ended with ``generated``: one that passed its
+        grant moves every stop ahead by as much (the server went on while this process read and aborted);
+        one that did not lets the stop back by a token, down to the abort's own lag. A stop before the
+        grant wastes nothing (what is left goes back to the budget), one past it is GPU time past the
+        budget: the lag rises at once and falls slowly."""
+        lag = self.lag_tokens + (generated - granted) if generated > granted else self.lag_tokens - 1
         self.lag_tokens = min(float(LAG_MAX_TOKENS), max(float(ABORT_LAG_TOKENS), lag))
 
     def _extend(self, dataset: str, asks: Sequence[Ask]) -> list[int]:
@@ -141,9 +141,9 @@ class GrantWatch:
 
     @property
     def margin(self) -> int:
-        """How far before its grant the stream stops: the next chunk, as much again that a reader busy
-        with many streams may not have read yet, and the lag measured (``GrantExtender.stopped``)."""
-        return 2 * self.interval + round(self._extender.lag_tokens)
+        """How far before its grant the stream stops: the next chunk, and the lag measured
+        (``GrantExtender.stopped``: the abort's, and what a reader busy with many streams has not read)."""
+        return self.interval + round(self._extender.lag_tokens)
 
     def _stops_at(self, produced: int) -> bool:
         return self.limited and produced + self.margin > self.granted

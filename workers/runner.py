@@ -413,7 +413,7 @@ class SampleRunner:
             if stop is not None:
                 verdict, state = stop
                 if grant is not None and verdict is Progress.STOP:
-                    self.extender.stopped(grant.granted, gen.completion_tokens, grant.interval)
+                    self.extender.stopped(grant.granted, gen.completion_tokens)
                 return self._stopped(a, gen, verdict, state)
             if gen.aborted:
                 # Aborted by a dataset-wide abort (budget reached, revoked) or by the server on its own

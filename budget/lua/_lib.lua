@@ -87,8 +87,8 @@ end
 local function floor_of(mode, max_new, mean)
   if mode == 'drain' then return nil end
   if mode ~= 'discard' then return 1 end
+  if max_new <= 0 then max_new = 128 end
   if not mean or mean <= 0 then mean = max_new end
-  if mean <= 0 then mean = 128 end
   return math.max(1, math.ceil(mean))
 end
 

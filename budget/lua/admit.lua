@@ -83,12 +83,13 @@ for i = 1, n do
       cap = 0
     else
       -- the pool's room for all of them (this group's and those queued behind it) says if a grant can be
-      -- the whole want; a share is of what is left per generation running
+      -- the whole want; else a share of the room per generation coming, as extend gives (the first of a
+      -- group taking the whole want would hold what the rest of it, and those queued behind, need)
       local room = room_for_new(left, leased_before + #ok_sids, want, mean, starved)
       if room > 0 and left >= GRANT_SHARE * inflight * want then
         cap = math.min(want, left)
       else
-        cap = grant_size(room, leased_before + #ok_sids + 1, want, mean)
+        cap = grant_size(room, inflight, want, mean)
       end
     end
     if cap <= 0 then verdict = 'limit' else left = left - cap end

@@ -88,7 +88,7 @@ def admit_grant(
     room = room_for_new(left, running, want, mean, starved)
     if room > 0 and left >= GRANT_SHARE * inflight * want:
         return min(want, left)
-    return grant_size(room, running + 1, want, mean)
+    return grant_size(room, inflight, want, mean)
 
 
 def extend_grant(left: int, inflight: int, more: int, mean: float = 0, least: int = 0) -> tuple[int, bool]:
