@@ -172,8 +172,8 @@ class CommitItem:
     truncated: bool = False
     #: Of ``completion_tokens``, those the model spent thinking (SGLang's ``meta_info.reasoning_tokens``).
     reasoning_tokens: int = 0
-    #: The generation ended at the dataset's ``max_new_tokens`` (finish reason ``length``), not cut short at
-    #: its grant of the budget (that one is ``truncated``).
+    #: The generation ended at the dataset's ``max_new_tokens`` (finish reason ``length``), not cut short by
+    #: its reservation of the budget (that one is ``truncated``).
     hit_max_new: bool = False
 
 
@@ -205,13 +205,10 @@ class DatasetSnapshot:
     samples_per_s: float = 0.0
     #: A worker cannot write this dataset's output (disk full, read-only...): "host:pid: problem".
     output_error: str = ""
-    #: Tokens of the budget granted to in-flight generations (``budget/lua/_lib.lua``, "Reservations").
+    #: Tokens of the budget reserved by in-flight generations (the most they may still produce).
     reserved_tokens: int = 0
-    #: Of the tokens spent, those generated past their generations' grants (the step or two an abort at
-    #: the grant takes to land).
-    overdrawn_tokens: int = 0
     #: A running generation asked for more of the budget and there was none: the budget's end has come
-    #: (no new generation starts while some run).
+    #: (set only by the grants of branch issue26-grants; always False with reservations).
     starved: bool = False
     #: Of ``tokens``, those the model spent thinking (reasoning models); the rest is ``answer_tokens``.
     reasoning_tokens: int = 0
@@ -559,24 +556,6 @@ class Ledger:
         return AdmitResult(admission, group.state, group.spec if admission is Admission.OK else None, cap)
 
     @_translate_errors
-    def extend_many(
-        self, name: str, asks: Sequence[tuple[str, str, int] | tuple[str, str, int, int]]
-    ) -> list[int]:
-        """Ask more of the budget for generations whose streams near their grants, in one call: each
-        ``(sample_id, attempt, more[, least])``, ``more`` the most tokens its generation may still produce
-        and ``least`` the fewest worth granting (0, the default: any). Returns, per ask, its grant after the
-        call (unchanged: none to give now; 0: the lease is no longer this attempt's). See
-        ``budget/lua/extend.lua``."""
-        if not asks:
-            return []
-        args: list[Any] = []
-        for ask in asks:
-            sid, attempt, more = ask[0], ask[1], ask[2]
-            least = ask[3] if len(ask) > 3 else 0
-            args += [sid, attempt, max(0, int(more)), max(0, int(least))]
-        return [int(x) for x in self._call("extend", name, args)]
-
-    @_translate_errors
     def progress(
         self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS
     ) -> tuple[Progress, str]:
@@ -746,7 +725,6 @@ class Ledger:
             samples_per_s=n("rate_samples") / max(1.0, n("rate_span_ms") / 1000),
             output_error=f"{f['output_error_by']}: {f['output_error']}" if f.get("output_error") else "",
             reserved_tokens=n("reserved_tokens"),
-            overdrawn_tokens=n("overdrawn_tokens"),
             starved=f.get("starved") == "1",
             reasoning_tokens=n("reasoning_tokens"),
             hit_max_new=n("hit_max_new"),

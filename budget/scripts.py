@@ -38,7 +38,6 @@ SCRIPT_KEYS: Final[Mapping[str, tuple[str, ...] | None]] = {
         "pending",
         "failed",
     ),
-    "extend": ("ledger", "leases", "owners", "reserved", "queued"),
     "progress": ("ledger", "leases", "owners"),
     "stop_check": ("ledger",),
     "output_problem": ("ledger",),

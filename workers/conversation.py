@@ -56,6 +56,8 @@ class ConversationGeneration(Generation):
     prompt_ids: list[int] = field(default_factory=list)
     #: Why the conversation ended before its last reply (a prompt the server refused), or None.
     ended_early: str | None = None
+    #: The token budget's reservation for the sample ran out before its last reply ended: cut at the budget.
+    cut_by_cap: bool = False
 
     @property
     def reasoning_tokens(self) -> int:
@@ -76,6 +78,9 @@ class Conversation:
         self.generations: list[Generation] = []
         self.prompts: list[list[int]] = []
         self.contents: list[str] = []
+        #: The token budget's reservation for every reply together (0: none): each reply is sent with
+        #: ``max_new_tokens`` at most what is left of it.
+        self.cap = 0
 
     @classmethod
     def of(cls, sample: Mapping[str, Any], spec: DatasetSpec, dataset: str) -> Conversation | None:
@@ -131,8 +136,16 @@ class Conversation:
         stall_timeout_s: float | None = None,
     ) -> Generation:
         chat = self._tokenizer()
+        max_new = int(sampling_params.get("max_new_tokens") or 0)
         while len(self.generations) < self.replies:
             reply = len(self.generations)
+            params = sampling_params
+            if self.cap:
+                left = self.cap - self.kept_tokens
+                if left <= 0:
+                    return self._result(chat, ended_early=f"reply {reply + 1}: the token budget is reached")
+                if not max_new or left < max_new:
+                    params = {**sampling_params, "max_new_tokens": left}
             if reply == 0:
                 prompt = self.first_prompt
             else:
@@ -151,7 +164,7 @@ class Conversation:
                 gen = client.generate(
                     server,
                     rid=rid,
-                    sampling_params=sampling_params,
+                    sampling_params=params,
                     input_ids=prompt,
                     timeout_s=timeout_s,
                     on_tokens=counted,
@@ -175,6 +188,9 @@ class Conversation:
             unreported = gen.completion_tokens - reported
             if reply + 1 < self.replies and unreported > 0 and not on_tokens(unreported):
                 return self._result(chat)
+            if params is not sampling_params and (gen.finish_reason or {}).get("type") == "length":
+                # cut by the reservation, not by max_new_tokens: the conversation ends at the budget
+                return self._result(chat, ended_early=f"reply {reply + 1}: cut at the token budget")
             keep_turn()
         return self._result(chat)
 
@@ -217,6 +233,7 @@ class Conversation:
             turns=turns,
             prompt_ids=last_prompt,
             ended_early=ended_early,
+            cut_by_cap=bool(ended_early and "token budget" in ended_early),
         )
 
 

@@ -23,7 +23,6 @@ from budget.spec import DatasetSpec
 from budget.urls import redact_url
 from workers.batching import CallBatcher
 from workers.conversation import Conversation, ConversationGeneration, record_fields
-from workers.grants import GrantExtender, GrantWatch, watched_interval
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard, worst_record_bytes
 from workers.rids import new_rid
@@ -39,7 +38,6 @@ from workers.sglang.client import (
     SGLangError,
     Unauthorized,
 )
-from workers.sglang.protocol import SGLANG_DEFAULT_MAX_NEW_TOKENS
 from workers.sink import OutputUnwritable, dataset_dir
 from workers.stops import InflightRequests, StopWatcher
 from workers.stream_pacing import PacedTooLong, StreamPacer
@@ -78,6 +76,8 @@ def backoff_s(
 COMMIT_LINGER_S = 0.25
 COMMIT_MAX_LINGER_S = 2.0
 COMMIT_BATCH = 8
+#: What SGLang generates at most when a request sets no ``max_new_tokens``.
+DEFAULT_MAX_NEW_TOKENS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +93,9 @@ class Attempt:
     lease: Lease
     #: ``output_dir/dataset``: where its record or failure is written.
     folder: Path
-    #: Its grant of the token budget as admitted (``workers/grants.py``: its stream is stopped there unless
-    #: the ledger grants more); 0: no budget to keep.
+    #: The tokens the ledger reserved for it under a token budget (its generation is sent with
+    #: ``max_new_tokens`` at most this, so the budget holds); 0: no reservation.
     cap: int = 0
-    #: The most tokens its generation may produce (what its grant may grow to).
-    want: int = 0
     #: Called once its generation is over and recorded, before the commit waits for its batch (the process
     #: room it held is free from there).
     on_generated: Callable[[], None] | None = None
@@ -134,7 +132,6 @@ class SampleRunner:
         self.inflight = InflightRequests()
         self.stops = StopWatcher(ledger, self.inflight, client)
         self.output_guard = OutputGuard(ledger, sink)
-        self.extender = GrantExtender(ledger)
         #: Commits of this process's threads, grouped into one ledger call per dataset.
         self.committer: CallBatcher[str, CommitItem, CommitOutcome] = CallBatcher(
             "committer",
@@ -230,7 +227,6 @@ class SampleRunner:
                 self.keeper.hold(dataset, sids[i], attempt_ids[i]),
                 folder,
                 group.results[i][1],
-                wants[i] or self._want(dataset, samples[i]) or SGLANG_DEFAULT_MAX_NEW_TOKENS,
             )
             for i in admitted
         ]
@@ -247,7 +243,7 @@ class SampleRunner:
             return len(samples), None
         folder = dataset_dir(Path(spec.output_dir), dataset)
         worst = {
-            sid: worst_record_bytes(sample, want or SGLANG_DEFAULT_MAX_NEW_TOKENS)
+            sid: worst_record_bytes(sample, want or DEFAULT_MAX_NEW_TOKENS)
             for sid, sample, want in zip(sids, samples, wants, strict=True)
         }
         return self.output_guard.admit_room(dataset, folder, worst)
@@ -293,14 +289,11 @@ class SampleRunner:
         last_error: SGLangError | None = None
         last_server: str | None = None
         conversation = Conversation.of(a.sample, spec, a.dataset)  # several replies (regenerate = "all")
-        # The budget's grant, kept on the stream (workers/grants.py); None: nothing can cut it short.
-        grant = (
-            GrantWatch(
-                self.extender, a.dataset, a.sid, a.attempt, granted=a.cap, want=a.want, interval=a.want
-            )
-            if 0 < a.cap < a.want
-            else None
-        )
+        if a.cap:  # the budget's reservation: the server itself stops the generation there
+            if conversation is not None:
+                conversation.cap = a.cap
+            else:
+                sampling["max_new_tokens"] = min(int(sampling.get("max_new_tokens") or a.cap), a.cap)
         problem = out_of_vocabulary(a.sample.get("input_ids"), spec.vocab_size)
         if problem:  # the producer rejects such lines; this guards a server from one that got through
             return self._fail(a, problem, 0)
@@ -329,9 +322,6 @@ class SampleRunner:
                 if a.lease.lost.is_set():
                     stop = (Progress.LOST, "")
                     return False
-                if grant is not None and not grant.allows(a.lease.live):
-                    stop = (Progress.LOST, "") if grant.lost else (Progress.STOP, "budget")
-                    return False
                 return True
 
             def keep_turn() -> None:
@@ -358,12 +348,7 @@ class SampleRunner:
                             self.client.set_auth(server, server_auth(spec.auth_of(server)))
                             params = sampling
                             if "stream_interval" not in spec.sampling:
-                                interval = paced.interval
-                                if grant is not None:  # chunks often enough to stop at the grant
-                                    interval = grant.interval = watched_interval(grant.granted, interval)
-                                params = {**sampling, "stream_interval": interval}
-                            elif grant is not None:
-                                grant.interval = int(spec.sampling["stream_interval"])
+                                params = {**sampling, "stream_interval": paced.interval}
                             gen = generate(
                                 server,
                                 rid=request.handle.rid,
@@ -412,8 +397,6 @@ class SampleRunner:
                     return self._give_back(a, state or request.handle.reason, verdict, kept)
             if stop is not None:
                 verdict, state = stop
-                if grant is not None and verdict is Progress.STOP:
-                    self.extender.stopped(grant.granted, gen.completion_tokens)
                 return self._stopped(a, gen, verdict, state)
             if gen.aborted:
                 # Aborted by a dataset-wide abort (budget reached, revoked) or by the server on its own
@@ -427,9 +410,20 @@ class SampleRunner:
                 last_server = server
                 self.picker.failed(server, last_error)
                 continue
-            return self._record(a, gen, truncated=False)
+            return self._record(a, gen, truncated=self._cut_by_reservation(a, gen))
         reason = f"gave up after {spec.max_attempts} attempts: {last_error.message if last_error else '?'}"
         return self._give_up(a, reason)
+
+    @staticmethod
+    def _cut_by_reservation(a: Attempt, gen: Generation) -> bool:
+        """Whether the budget's reservation, not the dataset's max_new_tokens, ended the generation."""
+        if not a.cap:
+            return False
+        if isinstance(gen, ConversationGeneration):
+            return gen.cut_by_cap
+        max_new = int(a.spec.sampling.get("max_new_tokens") or 0)
+        reason = gen.finish_reason or {}
+        return a.cap < max_new and reason.get("type") == "length" and gen.completion_tokens >= a.cap
 
     def _stopped(self, a: Attempt, gen: Generation, verdict: Progress, state: str) -> Outcome:
         """We cut the generation: the budget was reached, the dataset revoked or paused, or the lease
@@ -455,8 +449,8 @@ class SampleRunner:
     @staticmethod
     def _hit_max_new(a: Attempt, gen: Generation, truncated: bool) -> bool:
         """Whether the generation (any reply of a conversation) ended at the dataset's ``max_new_tokens``:
-        finish reason ``length`` at that many tokens. A sample cut at the budget (stopped at its grant, or
-        by a lowered budget) is ``truncated`` instead, and a ``length`` finish short of
+        finish reason ``length`` at that many tokens. A sample cut at the budget (a reservation below
+        max_new_tokens, or a stop) is ``truncated`` instead, and a ``length`` finish short of
         max_new_tokens (the server clamped it to the context left) is neither."""
         max_new = int(a.spec.sampling.get("max_new_tokens") or 0)
         if truncated or max_new <= 0:

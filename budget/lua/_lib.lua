@@ -13,19 +13,12 @@
 --   hit_max_new       committed samples whose generation ended at the dataset's max_new_tokens (not one
 --                     cut short by its reservation of the budget: that one is truncated)
 --   longest           the most completion tokens of one committed sample (caps the length percentiles)
---   tokens_sq         the sum of the squares of the committed samples' tokens (with tokens and samples:
---                     the length an answer in flight is expected to have, longer than the mean: discard)
 --   live_tokens       tokens generated so far by in-flight attempts (sum of the live hash; workers report
 --                     them every few seconds: for status only, never for a budget decision)
 --   reserved_tokens   tokens reserved by in-flight attempts under a token budget (sum of the reserved
---                     hash: their grants): committed + discarded + reserved never exceeds the budget
---                     (reservations, below)
---   max_new_tokens    the dataset's max_new_tokens (the most one generation may want)
---   starved           1 once extend could not give a running generation what it asked (the budget's end:
---                     no new generation starts while some run; cleared when the limits change)
---   overdrawn_tokens  tokens committed past their generations' grants (a stream that reached its grant
---                     generates a step or two more before its abort lands): spent, but never reserved, so
---                     a lowered budget is judged without them
+--                     hash): each generation is sent with max_new_tokens at most its reservation, so
+--                     committed + discarded + reserved never exceeds the budget (reservations, below)
+--   max_new_tokens    the dataset's max_new_tokens (discard reserves it whole for every generation)
 --   discarded_tokens  tokens generated and thrown away by the discard policy (spent budget)
 --   wasted_tokens     tokens generated and not committed for any reason (report only)
 --   reclaimed         leases that expired (a worker died) and were taken back
@@ -54,113 +47,52 @@ local function spent(ledger)
   return num(ledger, 'tokens') + num(ledger, 'discarded_tokens')
 end
 
--- Reservations (grants). Under a token budget with policy truncate or discard, every generation in flight
--- holds a grant: tokens of the budget reserved for it (the reserved hash), never more in all than the
--- budget has left, so committed + discarded + reserved <= budget at every moment. A grant is not the
--- request's max_new_tokens: the request is sent with the dataset's own, and the worker watches its stream
--- against its grant. Before the stream reaches its grant the worker asks for more (extend.lua); where the
--- budget has none left, the worker aborts the request by its rid as it reaches its grant (truncate: the
--- answer is kept, cut; discard: thrown away, counted as spent). A finished generation gives back what it
--- did not use.
--- Grants are sized so that every server slot stays busy until the budget is spent (grant_size): the whole
--- max_new_tokens far from the end, about an answer's length near it, so what the generations in flight
--- hold unused stays small against what is left; admission goes on while an answer's worth is left beyond
--- what the running ones may still ask (room_for_new).
--- discard also admits a generation only while committed + live + the expected length of each generation
--- in flight stay within the budget (an answer it starts is expected to end whole), and grants from the
--- budget plus DISCARD_SLACK of it (whole answers may pass the budget by that much; one that would pass it
--- further is thrown away).
-local GRANT_SHARE = 2
-local GRANT_MIN = 16
-local DISCARD_SLACK = 0.01
+-- Reservations. Under a token budget with policy truncate or discard, admit reserves tokens for each
+-- generation and the worker sends it with max_new_tokens equal to its reservation, so the server itself
+-- stops it there: committed + discarded + reserved <= budget holds at every moment, and no stream has to
+-- be watched or aborted to keep the budget (no per-chunk ledger traffic). A finished generation gives
+-- back what it did not use. truncate reserves min(max_new_tokens, what is left): the last generations
+-- may be cut at the budget. discard reserves max_new_tokens whole, or nothing: no answer is ever cut, and
+-- the budget counts as reached once less than max_new_tokens is left. drain reserves nothing and starts
+-- a generation while committed + live + the expected rest of those running stay below the budget.
 
--- The tokens a budget of ``budget`` may grant in all under ``mode``.
-local function grant_pool(mode, budget)
-  if mode == 'discard' then return budget + math.floor(budget * DISCARD_SLACK) end
-  return budget
-end
-
--- The least budget a new generation needs under ``mode``, its dataset's max_new_tokens being ``max_new``
--- (0: SGLang's default, 128) and ``mean`` the length an answer in flight is expected to have (0: none
--- committed yet; discard_length): truncate, a token (its answer may be cut there); discard, an answer of
--- that length whole (the rule of discard_full with none in flight: the two never disagree); nil, drain.
-local function floor_of(mode, max_new, mean)
+-- The smallest reservation a generation may start with under ``mode``, the dataset's max_new_tokens
+-- being ``max_new`` (nil: no reservations).
+local function floor_of(mode, max_new)
+  if mode == 'discard' then return math.max(1, max_new) end
   if mode == 'drain' then return nil end
-  if mode ~= 'discard' then return 1 end
-  if max_new <= 0 then max_new = 128 end
-  if not mean or mean <= 0 then mean = max_new end
-  return math.max(1, math.ceil(mean))
-end
-
-local function mean_length(ledger)
-  local samples = num(ledger, 'samples')
-  if samples > 0 then return num(ledger, 'tokens') / samples end
-  return 0
-end
-
--- discard only: the length an answer in flight is expected to have, from the committed ``tokens`` and the
--- sum of their squares: long answers stay in flight longer, so the answers in flight are a length-biased
--- draw, E[L^2] / E[L] of the committed lengths, not their mean (a third more for lengths with a lognormal
--- sigma of 0.5); the mean where the squares were not kept (a ledger rebuilt from the outputs, or older);
--- 0 before any is committed.
-local function discard_length(tokens, tokens_sq, samples)
-  if tokens > 0 and tokens_sq > 0 then return tokens_sq / tokens end
-  if samples > 0 then return tokens / samples end
-  return 0
+  return 1
 end
 
 local function reserve_floor(ledger, mode)
-  return floor_of(mode, num(ledger, 'max_new_tokens'),
-    discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')))
+  local max_new = 0
+  if mode == 'discard' then max_new = num(ledger, 'max_new_tokens') end
+  return floor_of(mode, max_new)
 end
 
--- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest grant
--- ``floor`` left (nil, drain, which grants nothing: no token left).
+-- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest reservation
+-- ``floor`` left (nil, drain, which reserves nothing: no token left).
 local function budget_reached(budget, spent_tokens, floor)
   return budget - spent_tokens < (floor or 1)
 end
 
--- A grant of up to ``want`` tokens, given ``left`` unreserved tokens of the pool, ``inflight`` generations
--- holding grants or about to (the dataset's leases and its queued tasks' samples) and ``mean`` the mean
--- committed length (0: none yet). Where the pool has room for every one of them to hold its whole want
--- GRANT_SHARE times over, the grant is the whole want: far from the budget's end nothing is ever asked
--- again. Nearer, a grant is about an answer's mean length (an eighth of the want before any answer is
--- committed), at most a 1/GRANT_SHARE share of what is left per generation, at least GRANT_MIN where
--- there is that much: what the generations in flight hold unused stays small against the budget left,
--- so the last of it goes to those that need it.
-local function grant_size(left, inflight, want, mean)
-  if want <= 0 or left <= 0 then return 0 end
-  local share = math.floor(left / (GRANT_SHARE * math.max(1, inflight)))
-  if share >= want then return math.min(want, left) end
-  local step = math.ceil(mean or 0)
-  if step <= 0 then step = math.ceil(want / 8) end
-  return math.min(want, left, math.max(math.min(share, step), GRANT_MIN))
-end
-
--- The budget a new generation may take its grant from, given ``left`` unreserved tokens of the pool and
--- ``leased`` generations running: 0 when it may not start now. A new generation leaves GRANT_MIN for each
--- one running (an answer under way is extended before a new one starts), and starts only where an answer
--- of the mean length (``mean``; an eighth of ``want`` before any) is left beyond that: one started with
--- less would be cut within a few tokens, a junk answer. Once a running answer asked for more and the
--- budget could not give it (``starved``), the budget's end has come: what is left goes to the answers
--- running, and a new one starts only where an answer's length is left for each of them (what answers cut
--- early or ending short give back, as fewer run), so answers are cut at the end and not in turns with new
--- ones, and the last ones do not run alone. With none running, whatever is left may start one.
-local function room_for_new(left, leased, want, mean, starved)
+-- The reservation for one more generation that wants ``want`` tokens, given ``left`` unreserved tokens
+-- of the budget: 0 when it may not start now.
+local function reservation(mode, left, want)
+  if mode == 'discard' then
+    if left >= want then return want end
+    return 0
+  end
   if left <= 0 then return 0 end
-  if leased == 0 then return left end
-  local room = left - GRANT_MIN * leased
-  local step = math.ceil(mean or 0)
-  if step <= 0 then step = math.ceil(want / 8) end
-  local least = math.min(want, step)
-  if starved then least = math.max(least, leased * step) end
-  if room < least then return 0 end
-  return room
+  return math.min(want, left)
 end
 
 -- drain only: what the expected rule reads, {committed, live, mean committed length, in flight}.
 local function drain_figures(ledger, leases)
-  return {spent(ledger), num(ledger, 'live_tokens'), mean_length(ledger), redis.call('ZCARD', leases)}
+  local samples = num(ledger, 'samples')
+  local mean = 0
+  if samples > 0 then mean = num(ledger, 'tokens') / samples end
+  return {spent(ledger), num(ledger, 'live_tokens'), mean, redis.call('ZCARD', leases)}
 end
 
 -- drain only: whether starting one more generation could not fit in the budget, with what the running
@@ -173,22 +105,6 @@ local function drain_full(figures, inflight, budget)
   return committed + live + expected >= budget
 end
 
--- discard only: {committed + discarded, live, the length a generation in flight is expected to have in all
--- (discard_length; max_new_tokens before any is committed)}.
-local function discard_figures(ledger)
-  local mean = discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples'))
-  if mean <= 0 then mean = num(ledger, 'max_new_tokens') end
-  if mean <= 0 then mean = 128 end
-  return {spent(ledger), num(ledger, 'live_tokens'), mean}
-end
-
--- discard only: whether ``n`` generations in flight (the one to start included) could not be expected to
--- end within the budget: what is spent, and what those in flight are expected to have in all, or what
--- they have produced where that is more (drain's rule, with discard's expected length).
-local function discard_full(figures, n, budget)
-  return figures[1] + math.max(figures[2], n * figures[3]) > budget
-end
-
 local function drain_blocked(ledger, leases, budget)
   local figures = drain_figures(ledger, leases)
   return drain_full(figures, figures[4], budget)
@@ -199,19 +115,13 @@ local function budget_blocked(ledger, leases)
   local budget = limit(ledger, 'token_budget')
   if not budget then return false end
   local mode = redis.call('HGET', ledger, 'on_budget')
-  if mode == 'drain' then return drain_blocked(ledger, leases, budget) end
-  if mode == 'discard' and discard_full(discard_figures(ledger), redis.call('ZCARD', leases) + 1, budget) then
-    return true
-  end
-  local left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
-  local want = num(ledger, 'max_new_tokens')
-  if want <= 0 then want = 128 end
-  local starved = redis.call('HGET', ledger, 'starved') == '1'
-  return room_for_new(left, redis.call('ZCARD', leases), want, mean_length(ledger), starved) <= 0
+  local floor = reserve_floor(ledger, mode)
+  if not floor then return drain_blocked(ledger, leases, budget) end
+  return budget - spent(ledger) - num(ledger, 'reserved_tokens') < floor
 end
 
--- Which committed limit is reached, or nil. The budget is reached once less than the least a new
--- generation needs is left (floor_of).
+-- Which committed limit is reached, or nil. Under discard the budget is reached once less than a whole
+-- reservation (max_new_tokens) is left.
 local function limit_reached(ledger)
   local budget = limit(ledger, 'token_budget')
   if budget then
@@ -322,6 +232,5 @@ end
 local function over_budget(ledger)
   local budget = limit(ledger, 'token_budget')
   if not budget or redis.call('HGET', ledger, 'on_budget') == 'drain' then return false end
-  return spent(ledger) - num(ledger, 'overdrawn_tokens') + num(ledger, 'reserved_tokens')
-    > grant_pool(redis.call('HGET', ledger, 'on_budget'), budget)
+  return spent(ledger) + num(ledger, 'reserved_tokens') > budget
 end

@@ -11,9 +11,8 @@
 --   leased    another attempt holds the lease right now (a duplicate delivery); nothing to do
 --   paused | revoked | exhausted | limit    dropped without generation; the sample is pending again
 --   unknown   the dataset is not in this ledger
--- cap: for an admitted sample under a token budget (truncate, discard), its grant: the tokens of the
--- budget reserved for it, which its stream must not pass unless extend.lua grants more (see Reservations
--- in _lib.lua); 0 otherwise.
+-- cap: for an admitted sample under a token budget (truncate, discard), the tokens reserved for it: its
+-- generation must be sent with max_new_tokens at most this (see Reservations in _lib.lua); 0 otherwise.
 local lease_ms = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 3
 local sids = {}
@@ -31,8 +30,8 @@ local is_done = redis.call('HMGET', done, unpack(sids))
 local is_failed = redis.call('HMGET', failed, unpack(sids))
 local leased = redis.call('ZMSCORE', leases, unpack(sids))
 
-local budget, mode, left, drain, inflight, discard, mean, starved = nil, nil, 0, nil, 0, nil, 0, false
-local max, taken, leased_before = nil, 0, 0
+local budget, mode, left, drain = nil, nil, 0, nil
+local max, taken = nil, 0
 if state == 'active' then
   budget = limit(ledger, 'token_budget')
   if budget then
@@ -40,13 +39,7 @@ if state == 'active' then
     if mode == 'drain' then
       drain = drain_figures(ledger, leases)
     else
-      left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
-      -- those in flight and those queued behind them (this group's included): the coming concurrency
-      leased_before = redis.call('ZCARD', leases)
-      inflight = leased_before + redis.call('ZCARD', queued) + n
-      mean = mean_length(ledger)
-      starved = redis.call('HGET', ledger, 'starved') == '1'
-      if mode == 'discard' then discard = discard_figures(ledger) end
+      left = budget - spent(ledger) - num(ledger, 'reserved_tokens')
     end
   end
   max = limit(ledger, 'max_samples')
@@ -78,20 +71,7 @@ for i = 1, n do
     -- each generation admitted before it in this group runs too (as if admitted one at a time)
     if drain_full(drain, drain[4] + #ok_sids, budget) then verdict = 'limit' end
   elseif budget then
-    -- each generation admitted before it in this group holds a grant too (as if admitted one at a time)
-    if discard and discard_full(discard, leased_before + #ok_sids + 1, budget) then
-      cap = 0
-    else
-      -- the pool's room for all of them (this group's and those queued behind it) says if a grant can be
-      -- the whole want; else a share of the room per generation coming, as extend gives (the first of a
-      -- group taking the whole want would hold what the rest of it, and those queued behind, need)
-      local room = room_for_new(left, leased_before + #ok_sids, want, mean, starved)
-      if room > 0 and left >= GRANT_SHARE * inflight * want then
-        cap = math.min(want, left)
-      else
-        cap = grant_size(room, inflight, want, mean)
-      end
-    end
+    cap = reservation(mode, left, want)
     if cap <= 0 then verdict = 'limit' else left = left - cap end
   end
   if verdict == 'ok' then

@@ -11,5 +11,4 @@ for _, f in ipairs({'tokens', 'samples', 'truncated', 'live_tokens', 'reserved_t
   redis.call('HSETNX', ledger, f, 0)
 end
 redis.call('HSETNX', ledger, 'state', 'active')
-redis.call('HDEL', ledger, 'starved')
 return refresh_state(ledger)

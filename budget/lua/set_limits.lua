@@ -5,6 +5,4 @@
 if not redis.call('HGET', ledger, 'state') then return 'unknown' end
 if ARGV[1] ~= '-' then redis.call('HSET', ledger, 'token_budget', ARGV[1]) end
 if ARGV[2] ~= '-' then redis.call('HSET', ledger, 'max_samples', ARGV[2]) end
--- a new budget: whether it is at its end is for extend to find again
-if ARGV[1] ~= '-' then redis.call('HDEL', ledger, 'starved') end
 return refresh_state(ledger)

@@ -66,14 +66,7 @@ def test_two_datasets_run_in_full_with_the_exact_token_ids_the_server_received_a
         assert mismatches_with_server(records, served, sources(source)) == []
 
 
-#: The budget test's answers end where the model samples one of these ids (about 170 tokens on average
-#: with the tiny model at temperature 1, measured), well before max_new_tokens: budgets run for real
-#: with a max_new_tokens several times the mean answer.
-BUDGET_STOP_IDS = list(range(16))
-BUDGET_MAX_NEW = 640
-
-
-def test_a_truncate_budget_with_twice_the_servers_slots_in_flight_is_spent_to_within_half_a_percent(
+def test_a_truncate_budget_makes_the_server_generate_no_token_past_it(
     conformance_workers: Workers,
     fleet_redis_url: str,
     fleet_ledger: Ledger,
@@ -87,16 +80,14 @@ def test_a_truncate_budget_with_twice_the_servers_slots_in_flight_is_spent_to_wi
         redis_url=fleet_redis_url,
         server=live_server.url,
         datasets=[
-            {"name": name, "rows": token_rows(600, seed=3), "token_budget": budget, "on_budget": "truncate"}
+            {"name": name, "rows": token_rows(300, seed=3), "token_budget": budget, "on_budget": "truncate"}
         ],
-        sampling={"max_new_tokens": BUDGET_MAX_NEW, "temperature": 1.0, "stop_token_ids": BUDGET_STOP_IDS},
-        # 64 generations requested against the server's 32 slots
-        server_options={"max_inflight_per_server": 2 * MAX_RUNNING_REQUESTS},
+        sampling={"max_new_tokens": 512, "ignore_eos": True},
     )
     live_server.wait_idle()
     before, since = live_server.generated_tokens(), time.time()
 
-    assert Submit(config, "--window", "128").wait() == 0
+    assert Submit(config, "--window", "64").wait() == 0
 
     live_server.wait_idle()
     generated = live_server.generated_tokens() - before
@@ -111,26 +102,19 @@ def test_a_truncate_budget_with_twice_the_servers_slots_in_flight_is_spent_to_wi
     snap = fleet_ledger.snapshot(name)
     records = export_records(fleet_ledger, name, tmp_path)
     exported = sum(r["completion_tokens"] for r in records)
-    whole = [r["completion_tokens"] for r in records if not r["truncated"]]
-    cut = [r for r in records if r["truncated"]]
     print(
         f"budget {budget}: the server generated {generated} tokens, {for_dataset} for the dataset "
-        f"({for_dataset / budget:.4f}x; {snap.overdrawn_tokens} past grants), {len(cut)} answers cut, "
-        f"whole answers {sum(whole) / max(1, len(whole)):.0f} tokens on average; "
-        f"{sum(others.values())} for {sorted(others)}"
+        f"({for_dataset / budget:.4f}x), {sum(others.values())} for {sorted(others)}"
     )
     assert snap.state == "exhausted"
-    # Every request went out with the whole max_new_tokens; each stream was stopped by its rid at its
-    # grant of the budget. What the server generated for the dataset is all exported (nothing thrown
-    # away), the budget is spent, and passed only by the streams' last steps after their aborts.
-    assert snap.tokens == exported == for_dataset
-    assert budget <= for_dataset <= budget + snap.overdrawn_tokens
-    assert for_dataset <= budget * 1.005, f"the server generated {for_dataset} tokens for a {budget} budget"
-    assert cut and all(r["finish_reason"]["type"] == "abort" for r in cut)
-    assert sum(whole) / len(whole) * 3 < BUDGET_MAX_NEW  # the premise: answers end well before max_new
+    # Each request went out with max_new_tokens at most its reservation of the budget, so the server
+    # itself stopped at the budget: nothing past it, nothing generated and thrown away.
+    assert snap.tokens == exported == budget
     assert generated == for_dataset + sum(others.values()), "the server's log misses some of its tokens"
+    assert for_dataset <= budget, f"the server generated {for_dataset} tokens for a {budget} budget"
     assert all(rid.startswith(("tokenfleet-probe-", "HEALTH_CHECK")) for rid in others), sorted(others)
     assert sum(others.values()) <= len(others)  # one token each
+    assert any(r["truncated"] for r in records)
 
 
 def test_pause_sends_the_server_nothing_and_resume_exports_every_sample_once(

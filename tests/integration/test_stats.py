@@ -165,7 +165,6 @@ def test_a_generation_cut_by_its_budget_reservation_is_truncated_not_a_max_new_h
 
     snap = fleet_ledger.snapshot(name)
     records = export(fleet_ledger, name, tmp_path)
-    print("DBG", snap.overdrawn_tokens, snap.truncated, snap.reserved_tokens, sorted(r["completion_tokens"] for r in records))
     assert (snap.state, snap.tokens, snap.samples) == ("exhausted", 1000, 21)
     assert sorted(r["completion_tokens"] for r in records) == [40] + [48] * 20
     assert [r["hit_max_new"] for r in records if r["truncated"]] == [False]

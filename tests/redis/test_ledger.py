@@ -25,7 +25,6 @@ from budget import (
     UnknownDataset,
 )
 from budget.keys import DATASETS_SET, dataset_keys
-from tests.redis.grants import commit_whole
 from tests.support.ledger import DS, MAX_NEW, SPEC, commit_new, lease, make
 from tests.support.snapshots import snapshot_of
 
@@ -110,7 +109,7 @@ def test_register_again_resets_source_done_for_the_new_submit(ledger: Ledger) ->
 
 def test_raising_the_budget_of_an_exhausted_dataset_on_register_makes_it_active_again(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    commit_whole(ledger, "s1", 100)
+    commit_new(ledger, "s1", 100)
     assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
 
     assert make(ledger, token_budget=101) == DatasetState.ACTIVE
@@ -230,7 +229,7 @@ def test_set_limits_lowering_the_budget_below_spent_tokens_exhausts_the_dataset(
 
 def test_raising_the_budget_of_an_exhausted_dataset_makes_it_active_again(ledger: Ledger) -> None:
     make(ledger, token_budget=300)
-    commit_whole(ledger, "s1", 300)
+    commit_new(ledger, "s1", 300)
     assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
 
     assert ledger.set_limits(DS, token_budget=301) == DatasetState.ACTIVE

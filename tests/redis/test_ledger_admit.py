@@ -196,22 +196,23 @@ def test_a_redelivered_sample_whose_lease_expired_is_admitted_for_the_new_attemp
 # --- admit under a token budget: reservations ---------------------------------------------------------
 
 
-def test_admit_under_truncate_near_the_end_grants_about_a_mean_answer_and_leaves_16_for_each_one_running(
+def test_admit_under_truncate_reserves_min_of_want_and_what_is_left_and_the_last_one_a_partial_cap(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
-    commit_new(ledger, "s0", 10)  # the mean committed length: 10
+    commit_new(ledger, "s0", 10)
 
-    # 90 left: no room for a 1/2 share of 64 each; about a mean answer (10), at least 16
-    caps = [ledger.admit(DS, f"s{i}", "a1") for i in range(1, 5)]
+    first = ledger.admit(DS, "s1", "a1")  # want 0: the dataset's max_new_tokens
+    second = ledger.admit(DS, "s2", "a1")  # 100 - 10 committed - 64 reserved = 26 left
+    third = ledger.admit(DS, "s3", "a1")
 
-    assert [(c.admission, c.cap) for c in caps[:3]] == [(Admission.OK, 16)] * 3
-    # 42 left, but 16 of it are left for each of the 3 running: a 4th would be cut soon after its start
-    assert (caps[3].admission, caps[3].cap, caps[3].state) == (Admission.LIMIT, 0, DatasetState.ACTIVE)
-    assert reservations(redis_client) == {"s1": 16, "s2": 16, "s3": 16}
-    assert pending(redis_client) == {"s4": "limit"}
+    assert (first.admission, first.cap) == (Admission.OK, MAX_NEW)
+    assert (second.admission, second.cap) == (Admission.OK, 26)
+    assert (third.admission, third.cap, third.state) == (Admission.LIMIT, 0, DatasetState.ACTIVE)
+    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": 26}
+    assert pending(redis_client) == {"s3": "limit"}
     snap = ledger.snapshot(DS)
-    assert (snap.tokens, snap.reserved_tokens, snap.state) == (10, 48, DatasetState.ACTIVE)
+    assert (snap.tokens, snap.reserved_tokens, snap.state) == (10, 90, DatasetState.ACTIVE)
 
 
 def test_admit_under_truncate_reserves_what_is_wanted_when_it_fits(ledger: Ledger) -> None:
@@ -224,21 +225,21 @@ def test_admit_under_truncate_reserves_what_is_wanted_when_it_fits(ledger: Ledge
     assert ledger.snapshot(DS).reserved_tokens == 3 * MAX_NEW + 5
 
 
-def test_admit_under_discard_says_limit_once_committed_live_and_the_expected_length_in_flight_pass_the_budget(
+def test_admit_under_discard_reserves_what_is_wanted_whole_or_says_limit(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=150, on_budget="discard")
 
-    # nothing committed yet: a generation is expected to be max_new_tokens (64) long; the pool is 151
-    assert lease(ledger, "s1") == MAX_NEW  # 1 x 64 <= 150; 151 holds a 1/2 share of 64
-    assert lease(ledger, "s2") == 16  # 2 x 64 <= 150; 87 left: an eighth of 64 before any answer, 16 at least
-    # 3 x 64 = 192 > 150: a third is expected to pass the budget, whatever is left to grant
-    third = ledger.admit(DS, "s3", "a1", want=5)
-    assert (third.admission, third.cap) == (Admission.LIMIT, 0)
+    assert lease(ledger, "s1") == MAX_NEW
+    assert lease(ledger, "s2") == MAX_NEW
+    # 22 left: never a partial reservation, whose answer would be cut
+    cut = ledger.admit(DS, "s3", "a1")
+    assert (cut.admission, cut.cap) == (Admission.LIMIT, 0)
+    assert lease(ledger, "s4", want=22) == 22  # a generation that wants no more than is left still fits
 
-    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": 16}
+    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": MAX_NEW, "s4": 22}
     assert pending(redis_client) == {"s3": "limit"}
-    assert ledger.snapshot(DS).reserved_tokens == MAX_NEW + 16
+    assert ledger.snapshot(DS).reserved_tokens == 150
 
 
 def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_client: redis.Redis) -> None:
@@ -251,23 +252,21 @@ def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_cli
     assert ledger.snapshot(DS).reserved_tokens == 0
 
 
-def test_admit_with_want_zero_grants_up_to_the_max_new_tokens_register_stored(ledger: Ledger) -> None:
-    make(ledger, token_budget=10_000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 300}})
+def test_admit_with_want_zero_reserves_the_max_new_tokens_register_stored(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 300}})
 
-    # far from the end a grant is the whole want: the max_new_tokens register stored
     assert lease(ledger, "s1") == 300
     assert lease(ledger, "s2") == 300
     assert lease(ledger, "s3") == 300
-    assert ledger.snapshot(DS).reserved_tokens == 900
+    assert lease(ledger, "s4") == 1000 - 900
 
 
-def test_live_tokens_take_no_part_in_the_grant(ledger: Ledger) -> None:
-    make(ledger, token_budget=306)
+def test_live_tokens_take_no_part_in_the_reservation(ledger: Ledger) -> None:
+    make(ledger, token_budget=100)
     assert lease(ledger, "s1", want=50) == 50
     assert report_live(ledger, "s1", "a1", 50)  # status only: the 50 are already reserved
 
-    # 256 left whatever is live: a 1/2 share per generation (2) holds the whole 64
-    assert lease(ledger, "s2") == MAX_NEW
+    assert lease(ledger, "s2") == 50
     assert ledger.snapshot(DS).live_tokens == 50
 
 
@@ -322,44 +321,43 @@ def test_a_group_admit_under_drain_applies_the_expected_rule_to_each_sample_in_t
 def test_admit_many_gives_each_sample_its_own_verdict_and_cap_in_one_call(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=120)
-    commit_new(ledger, "done", 10)  # the mean committed length: 10
+    make(ledger, token_budget=200)
+    commit_new(ledger, "done", 10)
     ledger.fail(DS, "failed", "x", "HTTP 400")
     lease(ledger, "held", "other", want=20)
-    # left: 120 - 10 committed - 20 reserved = 90; the group's 8 are coming: no room for 64 each, so
-    # about a mean answer each, at least 16, leaving 16 for each one in flight before it
+    # left: 200 - 10 committed - 20 reserved = 170
 
     group = ledger.admit_many(
         DS,
         [
-            ("s1", "a1", 0),  # 16
+            ("s1", "a1", 0),  # 64
             ("done", "a1", 0),
             ("s1", "a2", 0),  # the same sample twice in one group: the second is a duplicate delivery
             ("failed", "a1", 0),
             ("held", "a1", 0),
-            ("s2", "a1", 10),  # no more than it wants
-            ("s3", "a1", 0),  # 64 left, 48 of them for held, s1 and s2: 16
-            ("s4", "a1", 0),  # 48 left, all of them for the 4 running
+            ("s2", "a1", 100),  # 100 of the 106 left
+            ("s3", "a1", 0),  # 6 left: the last one's partial cap
+            ("s4", "a1", 0),  # nothing left
         ],
     )
 
     assert group.state == DatasetState.ACTIVE
     assert group.spec == SPEC
     assert group.results == [
-        (Admission.OK, 16),
+        (Admission.OK, MAX_NEW),
         (Admission.DONE, 0),
         (Admission.LEASED, 0),
         (Admission.FAILED, 0),
         (Admission.LEASED, 0),
-        (Admission.OK, 10),
-        (Admission.OK, 16),
+        (Admission.OK, 100),
+        (Admission.OK, 6),
         (Admission.LIMIT, 0),
     ]
     assert (owner(redis_client, "s1"), owner(redis_client, "held")) == ("a1", "other")
-    assert reservations(redis_client) == {"held": 20, "s1": 16, "s2": 10, "s3": 16}
+    assert reservations(redis_client) == {"held": 20, "s1": MAX_NEW, "s2": 100, "s3": 6}
     assert pending(redis_client) == {"s4": "limit"}
     snap = ledger.snapshot(DS)
-    assert (snap.reserved_tokens, snap.inflight, snap.pending) == (62, 4, 1)
+    assert (snap.reserved_tokens, snap.inflight, snap.pending) == (190, 4, 1)
 
 
 def test_admit_many_takes_every_sample_of_the_group_out_of_the_queue(ledger: Ledger) -> None:
@@ -419,19 +417,11 @@ def test_admit_many_of_an_unknown_dataset_says_unknown_for_each_sample(ledger: L
 
 def test_progress_continues_while_the_dataset_runs_and_the_budget_is_not_overdrawn(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    caps = [lease(ledger, f"s{i}") for i in range(1, 4)]
-    assert caps == [16, 16, 16]  # an eighth of 64, at least 16
-    # 52 left, 16 of them for each one running: the 4 beyond are less than an eighth of 64 (a junk answer)
-    assert ledger.admit(DS, "s4", "a1").admission is Admission.LIMIT
-    asks = [(f"s{i}", "a1", 100) for i in range(1, 4)]
-    while ledger.snapshot(DS).reserved_tokens < 100:  # the running ones are granted the rest
-        before = ledger.snapshot(DS).reserved_tokens
-        ledger.extend_many(DS, asks)
-        assert ledger.snapshot(DS).reserved_tokens > before
+    lease(ledger, "s1")  # 64
+    lease(ledger, "s2")  # 36: the whole budget is reserved, and that is no reason to stop
 
-    # the whole budget is granted, and that is no reason to stop
-    for i in range(1, 4):
-        assert progress(ledger, f"s{i}", "a1") is Progress.CONTINUE
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
+    assert progress(ledger, "s2", "a1") is Progress.CONTINUE
     assert ledger.snapshot(DS).reserved_tokens == 100
 
 

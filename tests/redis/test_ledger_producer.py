@@ -19,6 +19,7 @@ pytestmark = pytest.mark.redis
 
 PUB, SKIP, FULL = ENQUEUE_PUBLISH, ENQUEUE_SKIP, ENQUEUE_WINDOW_FULL
 
+
 # --- enqueue ----------------------------------------------------------------------------------------
 
 
@@ -126,35 +127,19 @@ def test_enqueue_returns_not_active_for_an_exhausted_dataset(ledger: Ledger) -> 
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_NOT_ACTIVE]
 
 
-def test_enqueue_under_truncate_returns_budget_in_flight_once_grants_take_the_rest_of_the_budget(
+def test_enqueue_under_truncate_returns_budget_in_flight_once_reservations_take_the_rest_of_the_budget(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
     commit_new(ledger, "c", 10)
-    assert lease(ledger, "s1") == 16  # near the end: about a mean answer (10), at least 16
-    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]  # 74 left
+    assert lease(ledger, "s1") == MAX_NEW
+    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]  # 26 left: a partial cap still starts
 
-    assert [lease(ledger, sid) for sid in ("s2", "s3")] == [16, 16]
-    asks = [(sid, "a1", 100) for sid in ("s1", "s2", "s3")]
-    while (before := ledger.snapshot(DS).reserved_tokens) < 90:  # the running ones are granted the rest
-        ledger.extend_many(DS, asks)
-        assert ledger.snapshot(DS).reserved_tokens > before
+    assert lease(ledger, "s2") == 26  # 10 + 64 + 26 = 100
 
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
-    assert ledger.enqueue(DS, ["s5"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
+    assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
     assert queued(redis_client) == set()
-
-
-def test_enqueue_returns_budget_in_flight_where_admit_would_say_limit_for_the_16_left_to_each_one_running(
-    ledger: Ledger, redis_client: redis.Redis
-) -> None:
-    make(ledger, token_budget=100)
-    commit_new(ledger, "c", 10)
-    assert [lease(ledger, sid) for sid in ("s1", "s2", "s3")] == [16, 16, 16]
-    assert ledger.admit(DS, "s4", "a1").admission is Admission.LIMIT  # 42 left, 16 of them for each one
-
-    # a sample published now would only be turned away by admit and published again, and again
-    assert ledger.enqueue(DS, ["s5"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
 
 def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) -> None:
@@ -165,23 +150,20 @@ def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) ->
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
 
-def test_enqueue_under_discard_returns_budget_in_flight_once_the_answers_expected_in_flight_no_longer_fit(
+def test_enqueue_under_discard_returns_budget_in_flight_once_less_than_max_new_tokens_is_free(
     ledger: Ledger,
 ) -> None:
-    make(ledger, token_budget=1000, on_budget="discard")
-    commit_new(ledger, "c", 250)  # the mean committed length: 250
-    assert lease(ledger, "l", "a") == MAX_NEW  # far from the end: the whole want
-    # 250 committed + 2 in flight x 250 = 750 <= 1000
+    make(ledger, token_budget=200, on_budget="discard")
+    commit_new(ledger, "c", 1)
+    assert ledger.admit(DS, "d", "a").admission is Admission.OK
+    ledger.release(DS, "d", "a", "discarded", thrown_away_tokens=30, counts_against_budget=True)
+    assert lease(ledger, "l", "a") == MAX_NEW
+    # 200 - 1 committed - 30 discarded - 64 reserved = 105: room for a whole reservation
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
-    assert lease(ledger, "s1", "a") == MAX_NEW
-    # 250 + 3 x 250 = 1000 <= 1000: one more fits
-    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
-    # what runs has produced more than the 3 x 250 expected of it: 250 + 751 > 1000, though the pool has room
-    report_live(ledger, "l", "a", 751)
+    assert lease(ledger, "s1", "a", want=42) == 42  # 63 free now, less than max_new_tokens
 
-    assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
-    assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
+    assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
 
@@ -199,9 +181,9 @@ def test_enqueue_under_drain_counts_committed_live_and_expected_tokens_against_t
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
 
-def test_enqueue_publishes_again_once_a_grant_is_given_back(ledger: Ledger) -> None:
-    make(ledger, token_budget=16)
-    assert lease(ledger, "s1", "a") == 16  # the whole budget: the least grant
+def test_enqueue_publishes_again_once_a_reservation_is_given_back(ledger: Ledger) -> None:
+    make(ledger, token_budget=100)
+    assert lease(ledger, "s1", "a", want=100) == 100
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
     ledger.release(DS, "s1", "a", "worker shutdown", thrown_away_tokens=40)

@@ -63,19 +63,10 @@ def lease(
 
 
 def commit_new(ledger: Ledger, sid: str, tokens: int, truncated: bool = False, name: str = DS) -> None:
-    """Admit ``sid`` with a fresh attempt wanting ``tokens``, and commit ``tokens`` for it. Under a token
-    budget (truncate, discard) its grant may be less than it wants near the end: it asks for more (extend),
-    as a worker whose stream nears its grant does, until the grant holds them all, so the commit overdraws
-    nothing. The budget must have room for them: an ask that gets nothing fails the test (a test that means
-    to commit past a grant does it by hand)."""
-    attempt = f"{sid}-a1"
-    grant = lease(ledger, sid, attempt, name=name, want=max(1, tokens))
-    # cap 0: no grants (no token budget, or drain), nothing to extend
-    while 0 < grant < tokens:
-        more = ledger.extend_many(name, [(sid, attempt, tokens - grant)])[0]
-        assert more > grant, f"commit_new({sid!r}, {tokens}): the budget gave no more than {grant}"
-        grant = more
-    assert ledger.commit(name, sid, attempt, tokens, truncated) is CommitOutcome.COMMITTED
+    """Admit ``sid`` with a fresh attempt, wanting ``tokens`` (its reservation, so the budget has room
+    for it), and commit ``tokens`` for it."""
+    lease(ledger, sid, f"{sid}-a1", name=name, want=max(1, tokens))
+    assert ledger.commit(name, sid, f"{sid}-a1", tokens, truncated) is CommitOutcome.COMMITTED
 
 
 def progress(ledger: Ledger, sid: str, attempt: str, lease_ms: int = 60_000, name: str = DS) -> Progress:
