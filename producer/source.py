@@ -260,27 +260,32 @@ class RecordReader:
         return None
 
 
+def _first_outside(input_ids: list[int], ceiling: int) -> tuple[int, int] | None:
+    """The position and value of the first id of ``input_ids`` outside ``[0, ceiling)``, or None."""
+    return next(((i, t) for i, t in enumerate(input_ids) if not 0 <= t < ceiling), None)
+
+
 def out_of_vocabulary(input_ids: list[int], vocab_size: int) -> str | None:
     """The first id of ``input_ids`` outside ``[0, vocab_size)``, described, or None."""
-    for position, token in enumerate(input_ids):
-        if not 0 <= token < vocab_size:
-            return (
-                f"input_ids[{position}] = {token} is outside the model's vocabulary "
-                f"(ids 0 to {vocab_size - 1}); a real SGLang server crashes on it"
-            )
-    return None
+    bad = _first_outside(input_ids, vocab_size)
+    if bad is None:
+        return None
+    return (
+        f"input_ids[{bad[0]}] = {bad[1]} is outside the model's vocabulary "
+        f"(ids 0 to {vocab_size - 1}); a real SGLang server crashes on it"
+    )
 
 
 def beyond_every_vocabulary(input_ids: list[int]) -> str | None:
     """With the model's vocabulary unknown: the first id of ``input_ids`` no model's vocabulary holds (at
     or above ``INPUT_ID_CEILING``), described, or None."""
-    for position, token in enumerate(input_ids):
-        if not 0 <= token < INPUT_ID_CEILING:
-            return (
-                f"input_ids[{position}] = {token} is beyond every known model's vocabulary (ids below "
-                f"2^31); a real SGLang server crashes on it"
-            )
-    return None
+    bad = _first_outside(input_ids, INPUT_ID_CEILING)
+    if bad is None:
+        return None
+    return (
+        f"input_ids[{bad[0]}] = {bad[1]} is beyond every known model's vocabulary (ids below "
+        f"2^31); a real SGLang server crashes on it"
+    )
 
 
 _PLAIN_READER: Final = RecordReader()
