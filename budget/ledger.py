@@ -207,9 +207,6 @@ class DatasetSnapshot:
     output_error: str = ""
     #: Tokens of the budget reserved by in-flight generations (the most they may still produce).
     reserved_tokens: int = 0
-    #: A running generation asked for more of the budget and there was none: the budget's end has come
-    #: (set only by the grants of branch issue26-grants; always False with reservations).
-    starved: bool = False
     #: Of ``tokens``, those the model spent thinking (reasoning models); the rest is ``answer_tokens``.
     reasoning_tokens: int = 0
     #: Committed samples whose generation ended at the dataset's ``max_new_tokens``.
@@ -725,7 +722,6 @@ class Ledger:
             samples_per_s=n("rate_samples") / max(1.0, n("rate_span_ms") / 1000),
             output_error=f"{f['output_error_by']}: {f['output_error']}" if f.get("output_error") else "",
             reserved_tokens=n("reserved_tokens"),
-            starved=f.get("starved") == "1",
             reasoning_tokens=n("reasoning_tokens"),
             hit_max_new=n("hit_max_new"),
             longest=n("longest"),

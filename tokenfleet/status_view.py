@@ -71,16 +71,16 @@ class Projection:
 
 def budget_regime(s: DatasetSnapshot) -> str | None:
     """ "full speed" while every generation the servers take may start; "final stretch" once the answers in
-    flight are expected to fill what is left of the budget (at the mean length each), or one of them asked
-    for more and there was none: they finish, or are cut at the budget, and few or none start; "spent"
-    once exhausted. None without a token budget (or once revoked)."""
+    flight are expected to fill what is left of the budget (at the mean length each): they finish, or are
+    cut at the budget, and few or none start; "spent" once exhausted. None without a token budget (or once
+    revoked)."""
     if s.token_budget is None or s.state == "revoked":
         return None
     if s.state == "exhausted":
         return "spent"
     mean = s.tokens / s.samples if s.samples else 0.0
     left = s.token_budget - s.tokens - s.discarded_tokens - s.live_tokens
-    if s.starved or left <= max(0.0, s.inflight * mean - s.live_tokens):
+    if left <= max(0.0, s.inflight * mean - s.live_tokens):
         return "final stretch"
     return "full speed"
 

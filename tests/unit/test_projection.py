@@ -123,7 +123,6 @@ def test_a_budget_is_at_full_speed_until_the_answers_in_flight_are_expected_to_f
 
     assert project(far).regime == "full speed"
     assert project(near).regime == "final stretch"  # 170 left, 5 x 40 - 30 = 170 expected
-    assert project(dataclasses.replace(far, starved=True)).regime == "final stretch"
     assert project(dataclasses.replace(far, state=DatasetState.EXHAUSTED)).regime == "spent"
     assert project(snap(tokens=1000, samples=25)).regime is None
     assert snapshot_json(near)["budget_regime"] == "final stretch"
