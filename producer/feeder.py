@@ -304,9 +304,12 @@ class Feeder:
                 feed.put_back(samples[len(codes) - 1 :])
                 return
         if feed.exhausted_source and not feed.pass_complete:
-            feed.pass_complete = True
+            # The pass is complete once the ledger says so: where Redis goes away before it does (a
+            # restart), the next round says it again (the calls below are idempotent). Marked first,
+            # a dataset whose source_done never reached the ledger would never settle.
             if feed.passes == 1:
                 self.ledger.set_source(feed.name, total=feed.total, done=True, rejected=feed.rejected)
+                feed.pass_complete = True
                 return
             # Pending samples the pass did not find are not in the source any more; marks of samples
             # done or failed meanwhile are stale. Neither may keep the dataset from settling.
@@ -321,6 +324,7 @@ class Feeder:
                     )
             feed.unseen_pending, feed.seen_pending = set(), set()
             self.ledger.set_source(feed.name, done=True)
+            feed.pass_complete = True
 
     def run(
         self,
