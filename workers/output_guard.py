@@ -143,8 +143,8 @@ class OutputGuard:
         #: The worst-case record size each dataset was last admitted with.
         self._record_bytes: dict[str, int] = {}
         self._flusher: threading.Thread | None = None
-        #: The problem last reported for each dataset, and when (monotonic).
-        self._reported: dict[str, tuple[str, float]] = {}
+        #: The problem last reported for each dataset, when (monotonic), and whether it named held records.
+        self._reported: dict[str, tuple[str, float, bool]] = {}
         self._stop = threading.Event()
 
     def block(
@@ -247,7 +247,7 @@ class OutputGuard:
         with self._lock:
             block = self._blocks.get(dataset)
         if block is not None:
-            self._report(dataset, block.reason)  # with the held count
+            self._report(dataset, block.reason, held=True)  # with the held count
         self.start_flusher()
         return True
 
@@ -383,19 +383,29 @@ class OutputGuard:
         self._report(dataset, "")
         return None
 
-    def _report(self, dataset: str, problem: str) -> None:
+    def _report(self, dataset: str, problem: str, *, held: bool = False) -> None:
+        """Tell the ledger (and so ``status``) why ``dataset``'s output cannot be written here; ``held``: a
+        record was just held, so a report that named no held record yet is made again with their count."""
         # Hundreds of generations may meet a full disk at once (a group write fails for all its lines):
         # the same problem goes to the ledger at most every REPORT_EVERY_S, not once for each.
         now = time.monotonic()
         with self._lock:
             last = self._reported.get(dataset)
-            if problem and last is not None and last[0] == problem and now - last[1] < REPORT_EVERY_S:
+            if (
+                problem
+                and last is not None
+                and last[0] == problem
+                and now - last[1] < REPORT_EVERY_S
+                and (last[2] or not held)
+            ):
                 return
-            self._reported[dataset] = (problem, now)
+            self._reported[dataset] = (problem, now, False)
         try:
             if problem:
                 snap = self._ledger.snapshot(dataset)
                 if snap.held:
+                    with self._lock:
+                        self._reported[dataset] = (problem, now, True)
                     problem += (
                         f"; {snap.held:,} sample(s) held in the ledger ({_size(snap.held_bytes)}), "
                         "written once room comes back"

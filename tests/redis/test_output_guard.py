@@ -67,3 +67,19 @@ def test_another_workers_problem_is_not_cleared_by_this_one(ledger: Ledger, tmp_
     ledger.report_output_problem(DS, "other-host:1", "cannot write /x: Read-only file system")
     assert not ledger.report_output_problem(DS, "this-host:2", "")
     assert "other-host:1: cannot write /x" in ledger.snapshot(DS).output_error
+
+
+def test_the_problem_names_the_held_records_once_the_first_is_held_right_after_the_block(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    make(ledger)
+    folder = tmp_path / "out" / DS
+    guard = OutputGuard(ledger, OutputSink())
+    guard.block(DS, folder, OutputUnwritable(f"cannot write {folder}: No space left on device"))
+    assert "held in the ledger" not in ledger.snapshot(DS).output_error
+    assert ledger.admit(DS, "s1", "a1").admission.value == "ok"
+
+    # the same problem a moment later, now with a record held: reported again, not held back as a repeat
+    assert guard.hold(DS, "s1", "a1", {"id": "s1", "output_ids": [1, 2]}, 2)
+    problem = ledger.snapshot(DS).output_error
+    assert "No space left on device" in problem and "1 sample(s) held in the ledger" in problem
