@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis.exceptions
 from kombu.transport import redis as kombu_redis
 
 _CACHED: str = "_tokenfleet_client"
@@ -24,6 +25,13 @@ def _conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
     if client:
         yield client
         return
+    if self.__dict__.get("_pool") is None and self.connection.client is None:
+        # A channel closing after its broker connection was lost (a Redis restart): kombu (5.7) drops the
+        # pool, then restores the unacknowledged messages, and building a pool without the connection's
+        # parameters raised AttributeError, which Celery took for an "Unrecoverable error": the worker
+        # stopped consuming for good. As a connection error it is ignored by the close, the consumer
+        # reconnects, and the messages stay in the broker's unacked set, restored by restore_visible.
+        raise redis.exceptions.ConnectionError("the broker connection is closed")
     pool = self.pool
     cached = self.__dict__.get(_CACHED)
     if cached is None or cached.connection_pool is not pool:
