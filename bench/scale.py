@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import redis
 from rich.console import Console
 
@@ -114,6 +115,51 @@ class RedisMeter:
         out["commands"] -= 4
         out["cmd:info"] = out.get("cmd:info", 0.0) - 4
         return out
+
+
+class ScriptTimes:
+    """Redis CPU inside each ledger script while it runs (``fleet --script-times``): every command is logged
+    to the SLOWLOG with its duration (threshold 0), which is read and emptied every 0.2 s. A diagnosis:
+    the log costs Redis a little CPU of its own."""
+
+    def __init__(self, url: str) -> None:
+        self.names = {hashlib.sha1(script_source(n).encode()).hexdigest(): n for n in SCRIPT_NAMES}
+        self.client = redis.Redis.from_url(url)
+        self.usec: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._saved = self.client.config_get("slowlog-*")
+        self.client.config_set("slowlog-max-len", 100_000)
+        self.client.config_set("slowlog-log-slower-than", 0)
+        self.client.slowlog_reset()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        entries = self.client.slowlog_get(100_000)
+        self.client.slowlog_reset()
+        for e in entries:
+            cmd = e["command"]
+            parts = (cmd.decode(errors="replace") if isinstance(cmd, bytes) else str(cmd)).split(" ")
+            verb = parts[0].upper()
+            if verb in ("EVALSHA", "EVAL") and len(parts) > 1:
+                what = "script " + self.names.get(parts[1], parts[1][:8])
+            else:
+                what = verb
+            self.usec[what] = self.usec.get(what, 0.0) + float(e["duration"])
+            self.calls[what] = self.calls.get(what, 0) + 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._drain()
+
+    def stop(self) -> tuple[dict[str, float], dict[str, int]]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._drain()
+        for k, v in self._saved.items():
+            self.client.config_set(k, v)
+        return dict(self.usec), dict(self.calls)
 
 
 class CommandCensus:
@@ -277,6 +323,7 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
                 cpu.start()
                 rmeter.start()
                 census = CommandCensus(redis_url) if args.census else None
+                times = ScriptTimes(redis_url) if args.script_times else None
                 _, f = run_fleet(
                     url, redis_url, rows, w["max_new_tokens"], Path(tmp) / f"f{i}", extra=args.extra
                 )
@@ -288,6 +335,15 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
                     for what, count in sorted(seen.items(), key=lambda kv: -kv[1])[:30]:
                         per_sample, per_s = count / f["samples"], count / f["elapsed_s"]
                         print(f"    {what:<40} {per_sample:8.2f}/sample {per_s:8.1f}/s", flush=True)
+                if times is not None:
+                    usec, calls = times.stop()
+                    print(f"  Redis time by command, run {i + 1} (SLOWLOG):")
+                    for what, us in sorted(usec.items(), key=lambda kv: -kv[1])[:20]:
+                        print(
+                            f"    {what:<32} {us / f['samples']:8.1f} µs/sample "
+                            f"{calls[what] / f['samples']:7.2f}/sample {us / calls[what]:7.1f} µs/call",
+                            flush=True,
+                        )
                 results["fleet"].append(
                     {
                         "tokens_per_s": f["tokens"] / f["elapsed_s"],
@@ -555,7 +611,11 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
 #: The workloads of budget-speed: lognormal answers, max_new_tokens 8-16x the mean (as budgets are run).
 SPEED_WORKLOADS: dict[str, dict[str, Any]] = {
     "mean400": {"sim": {"output_len_mean": 400, "output_len_sigma": 0.5}, "max_new_tokens": 4096},
-    "mean2000": {"sim": {"output_len_mean": 2000, "output_len_sigma": 0.3}, "max_new_tokens": 16_000},
+    # the simulated model's context (8,192) must hold the prompt and max_new_tokens
+    "mean2000": {
+        "sim": {"output_len_mean": 2000, "output_len_sigma": 0.3, "context_length": 16_384},
+        "max_new_tokens": 16_000,
+    },
 }
 
 
@@ -568,6 +628,11 @@ class LoadTimeline(TokenTimeline):
         self.redis_url = redis_url
         #: (tokens generated so far, requests running, the ledger's generations in flight)
         self.running: list[tuple[int, int, int]] = []
+        #: The ledger's grant figures at each reading (``GRANT_FIELDS``, summed over the datasets).
+        self.grants: list[list[float]] = []
+
+    #: What the timeline's readings show of the grants (``budget/lua/_lib.lua``, Reservations).
+    GRANT_FIELDS = ("tokens", "reserved_tokens", "clock_n", "clock_grant", "gen_rate")
 
     def _run(self) -> None:
         ledger = Ledger.from_url(self.redis_url)
@@ -575,9 +640,15 @@ class LoadTimeline(TokenTimeline):
             while not self._stop.wait(self.every_s):
                 totals = client.get(self.url + "/sim/stats?totals=1").json()
                 tokens = int(totals["generated_tokens"]) - self._base
-                inflight = sum(ledger.snapshot(name).inflight for name in ledger.datasets())
+                names = ledger.datasets()
+                inflight = sum(ledger.snapshot(name).inflight for name in names)
+                grants = [0.0] * len(self.GRANT_FIELDS)
+                for name in names:
+                    values = ledger.client.hmget(ledger.keys_of(name).ledger_hash, self.GRANT_FIELDS)
+                    grants = [g + float(v or 0) for g, v in zip(grants, values, strict=True)]
                 self.points.append((time.monotonic(), tokens))
                 self.running.append((tokens, int(totals["running"]), inflight))
+                self.grants.append(grants)
 
     def last_token_at(self) -> float:
         total = self.points[-1][1] if self.points else 0
@@ -620,7 +691,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                     rows_i = prompts(n, seed=11 + i)
                     for policy in ["none", *args.speed_policies]:
                         timeline = LoadTimeline(url, redis_url)
-                        started = time.monotonic()
+                        started, started_wall = time.monotonic(), time.time()
                         with timeline:
                             name, _ = run_fleet(
                                 url,
@@ -632,7 +703,45 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                                 policy=policy,
                             )
                         snap = Ledger.from_url(redis_url).snapshot(name)
-                        server = int(sim_stats(url)["by_prefix"].get(dataset_tag(name), 0))
+                        if snap.samples == 0:
+                            raise SystemExit(f"{workload} / {inflight} / {policy}: the run committed nothing")
+                        stats = sim_stats(url)
+                        server = int(stats["by_prefix"].get(dataset_tag(name), 0))
+                        requests = int(stats["requests_by_prefix"].get(dataset_tag(name), 0))
+                        # each reading: seconds, tokens, running, in flight, then LoadTimeline.GRANT_FIELDS
+                        if args.speed_timeline:
+                            out = Path(args.speed_timeline) / f"{workload}-{inflight}-{policy}-{i}.json"
+                            out.parent.mkdir(parents=True, exist_ok=True)
+                            out.write_text(
+                                json.dumps(
+                                    [
+                                        [round(t - started, 3), *r, *g]
+                                        for (t, _), r, g in zip(
+                                            timeline.points, timeline.running, timeline.grants, strict=False
+                                        )
+                                    ]
+                                )
+                            )
+                            # and each record: seconds it was written at, its tokens, whether cut
+                            records = [
+                                orjson.loads(line)
+                                for f in (Path(tmp) / f"{policy}{i}").rglob("*.jsonl")
+                                for line in f.read_bytes().splitlines()
+                                if line.strip()
+                            ]
+                            out.with_suffix(".records.json").write_text(
+                                json.dumps(
+                                    sorted(
+                                        [
+                                            round(r["created_at"] - started_wall, 3),
+                                            r["completion_tokens"],
+                                            r["truncated"],
+                                        ]
+                                        for r in records
+                                        if "completion_tokens" in r
+                                    )
+                                )
+                            )
                         if policy == "none":  # the same tokens as the budget, without one
                             to_budget_s = timeline._crossing(budget) - started
                         else:
@@ -646,6 +755,8 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                                 "cut": snap.truncated,
                                 "end": timeline.at_the_end(budget),
                                 "thrown": snap.discarded_tokens,
+                                # /generate requests per committed answer (with continuations)
+                                "requests": requests / max(1, snap.samples),
                             }
                         )
                         print(
@@ -672,6 +783,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                             else f"{median([c['server'] for c in runs]) / budget - 1:+.3%}",
                             "—" if policy == "none" else f"{med(runs, 'cut'):.0f} of {med(runs, 'end'):.0f}",
                             "—" if policy == "none" else f"{median([c['thrown'] for c in runs]):,.0f}",
+                            f"{med(runs, 'requests'):.2f}",
                         ]
                     )
                 print(f"  {workload} / {inflight}: base {base:.1f} s", file=sys.stderr)
@@ -691,6 +803,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                 "server tokens past budget",
                 "answers cut, of those in flight at the end",
                 "tokens thrown away",
+                "requests per answer",
             ],
             rows,
         )
@@ -882,6 +995,9 @@ def main() -> int:
         "--extra", default="", help="fleet: extra top-level config lines (e.g. samples_per_task = 1)"
     )
     p.add_argument("--census", action="store_true", help="fleet: count commands by script (MONITOR)")
+    p.add_argument(
+        "--script-times", action="store_true", help="fleet: Redis time per script and command (SLOWLOG)"
+    )
     p.add_argument("--generators", type=int, default=2, help="ledger-only: load generator processes")
     p.add_argument("--ledger-budgets", type=int, nargs="+", default=[10_000_000])
     p.add_argument("--ledger-inflight", type=int, nargs="+", default=[64, 1024])
@@ -895,6 +1011,11 @@ def main() -> int:
     )
     p.add_argument(
         "--speed-policies", nargs="+", default=["truncate", "discard"], choices=["truncate", "discard"]
+    )
+    p.add_argument(
+        "--speed-timeline",
+        metavar="DIR",
+        help="budget-speed: write each run's readings (seconds, tokens, running, in flight) as JSON here",
     )
     p.add_argument(
         "--default-scale", type=int, default=1, help="defaults: times more requests a run (longer runs)"
