@@ -48,6 +48,10 @@ class DatasetKeys:
     #: Hash sample id -> tokens of the token budget reserved for the in-flight attempt: the most it may
     #: generate (``budget/lua/_lib.lua``, Reservations).
     reserved_hash: str
+    #: Hash sample id -> its clock (ms, Redis's clock): when a generation granted at send time under a
+    #: truncate budget would have started at the dataset's speed, to tell what its grant has used
+    #: (``budget/lua/_lib.lua``, Reservations).
+    clock_hash: str
     #: Hash sample id -> why it went back to pending (dropped while paused, revoked, at a limit, a lease
     #: that expired, released): taken out of the queue without a result, to be fed again.
     pending_hash: str
@@ -91,6 +95,7 @@ def dataset_keys(name: str) -> DatasetKeys:
         lease_owner_hash=f"{base}:lease_owner:hash",
         live_hash=f"{base}:live:hash",
         reserved_hash=f"{base}:reserved:hash",
+        clock_hash=f"{base}:clock:hash",
         pending_hash=f"{base}:pending:hash",
         strikes_hash=f"{base}:strikes:hash",
         rate_tokens_hash=f"{base}:rate_tokens:hash",

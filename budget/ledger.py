@@ -143,14 +143,45 @@ class DatasetLimits:
     on_budget: str = defaults.ON_BUDGET
 
 
+#: ``AdmitResult.cap`` of a generation under a truncate budget: its grant comes when it has a server slot
+#: (``Ledger.grant_many``, ``GrantKind.START``).
+GRANT_AT_SEND: Final = -1
+#: What ``grant_many`` answers a start that gets no grant: none may start now (the budget's end has come,
+#: or the dataset stopped: the sample goes back to pending), or ask again in a moment (the budget is all
+#: granted to running generations that will give some back as they end).
+GRANT_NOT_NOW: Final = -1
+GRANT_WAIT: Final = -2
+
+
 @dataclass(frozen=True, slots=True)
 class AdmitResult:
     admission: Admission
     state: str
     spec: dict[str, Any] | None
-    #: Under a token budget (truncate, discard): the tokens reserved for this generation, the most it may
-    #: produce (send ``max_new_tokens`` at most this). 0: no reservation.
+    #: Under a token budget: discard, the tokens reserved for this generation, the most it may produce
+    #: (send ``max_new_tokens`` at most this); truncate, ``GRANT_AT_SEND``. 0: no reservation.
     cap: int = 0
+
+
+class GrantKind(enum.StrEnum):
+    START = "start"
+    #: A start of a generation that cannot be continued past a grant (a text prompt, a conversation).
+    WHOLE = "whole"
+    MORE = "more"
+    END = "end"
+
+
+@dataclass(frozen=True, slots=True)
+class GrantAsk:
+    """One ask of ``grant_many``: ``kind`` START with ``value`` its want, MORE with ``value`` the most it
+    may still produce, END with ``value`` the tokens it produced in all; ``rate``, the tokens/s of its
+    request that just ended (MORE, END; 0: none)."""
+
+    sample_id: str
+    attempt: str
+    kind: GrantKind
+    value: int
+    rate: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +203,8 @@ class CommitItem:
     truncated: bool = False
     #: Of ``completion_tokens``, those the model spent thinking (SGLang's ``meta_info.reasoning_tokens``).
     reasoning_tokens: int = 0
-    #: The generation ended at the dataset's ``max_new_tokens`` (finish reason ``length``), not cut short by
-    #: its reservation of the budget (that one is ``truncated``).
+    #: The generation ended at the dataset's ``max_new_tokens`` (finish reason ``length``), not cut short at
+    #: its grant of the budget (that one is ``truncated``).
     hit_max_new: bool = False
 
 
@@ -205,8 +236,11 @@ class DatasetSnapshot:
     samples_per_s: float = 0.0
     #: A worker cannot write this dataset's output (disk full, read-only...): "host:pid: problem".
     output_error: str = ""
-    #: Tokens of the budget reserved by in-flight generations (the most they may still produce).
+    #: Tokens of the budget granted to in-flight generations (``budget/lua/_lib.lua``, "Reservations").
     reserved_tokens: int = 0
+    #: Of the tokens spent, those generated past their generations' grants (the step or two an abort at
+    #: the grant takes to land).
+    overdrawn_tokens: int = 0
     #: Of ``tokens``, those the model spent thinking (reasoning models); the rest is ``answer_tokens``.
     reasoning_tokens: int = 0
     #: Committed samples whose generation ended at the dataset's ``max_new_tokens``.
@@ -530,15 +564,18 @@ class Ledger:
     def admit_many(
         self,
         name: str,
-        samples: Sequence[tuple[str, str, int]],
+        samples: Sequence[tuple[str, str, int] | tuple[str, str, int, bool]],
         lease_ms: int = DEFAULT_LEASE_MS,
     ) -> GroupAdmission:
-        """Admit a group of samples in one call: each ``(sample_id, attempt, want)``, where ``want`` is the
-        most tokens its generation may produce (0: the dataset's ``max_new_tokens``). See
-        ``budget/lua/admit.lua``."""
+        """Admit a group of samples in one call: each ``(sample_id, attempt, want[, whole])``, where
+        ``want`` is the most tokens its generation may produce (0: the dataset's ``max_new_tokens``) and
+        ``whole`` (default False) says its generation cannot be continued past a grant, so under a token
+        budget its grant is its whole want while that much is left (truncate: a share past that, where it
+        is cut). See ``budget/lua/admit.lua``."""
         args: list[Any] = [lease_ms]
-        for sid, attempt, want in samples:
-            args += [sid, attempt, int(want)]
+        for ask in samples:
+            whole = len(ask) > 3 and bool(ask[3])
+            args += [ask[0], ask[1], int(ask[2]), 1 if whole else 0]
         flat = self._call("admit", name, args)
         state, spec = str(flat[0]), flat[1]
         verdicts = flat[2:]
@@ -551,6 +588,20 @@ class Ledger:
         group = self.admit_many(name, [(sample_id, attempt, want)], lease_ms)
         admission, cap = group.results[0]
         return AdmitResult(admission, group.state, group.spec if admission is Admission.OK else None, cap)
+
+    @_translate_errors
+    def grant_many(self, name: str, asks: Sequence[GrantAsk], slots: int = 0) -> list[int]:
+        """Grants of a token budget for generations with a server slot, in one call
+        (``budget/lua/grant.lua``): each ask starts a generation, asks more for one that reached its grant,
+        or gives back what one that ended did not use. ``slots``: the slots of the dataset's servers, as
+        the caller knows them (0: unknown). Returns, per ask, the generation's grant after the call, or
+        ``GRANT_NOT_NOW`` / ``GRANT_WAIT`` for a start that gets none, 0 when the attempt lost its lease."""
+        if not asks:
+            return []
+        args: list[Any] = [max(0, int(slots))]
+        for ask in asks:
+            args += [ask.sample_id, ask.attempt, ask.kind.value, max(0, int(ask.value)), float(ask.rate)]
+        return [int(x) for x in self._call("grant", name, args)]
 
     @_translate_errors
     def progress(
@@ -722,6 +773,7 @@ class Ledger:
             samples_per_s=n("rate_samples") / max(1.0, n("rate_span_ms") / 1000),
             output_error=f"{f['output_error_by']}: {f['output_error']}" if f.get("output_error") else "",
             reserved_tokens=n("reserved_tokens"),
+            overdrawn_tokens=n("overdrawn_tokens"),
             reasoning_tokens=n("reasoning_tokens"),
             hit_max_new=n("hit_max_new"),
             longest=n("longest"),
@@ -772,6 +824,7 @@ class Ledger:
             k.lease_owner_hash,
             k.live_hash,
             k.reserved_hash,
+            k.clock_hash,
             k.pending_hash,
             k.strikes_hash,
             k.lengths_hash,
@@ -796,6 +849,9 @@ class Ledger:
                 "truncated": truncated,
                 "live_tokens": 0,
                 "reserved_tokens": 0,
+                "clock_n": 0,
+                "clock_sum": 0,
+                "clock_grant": 0,
                 "reasoning_tokens": reasoning_tokens,
                 "hit_max_new": hit_max_new,
                 "longest": max(lengths, default=0),

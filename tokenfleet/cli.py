@@ -24,6 +24,7 @@ from tokenfleet.config import ConfigError, load_config, redact_url
 from tokenfleet.entry import EXIT_INTERRUPTED
 from tokenfleet.export import EXPORT_FORMATS, ExportReport
 from tokenfleet.status_view import fleet_view, snapshot_json, status_table, workers_json
+from workers.settings import DEFAULT_CONCURRENCY
 
 #: Exit codes.
 EXIT_OK = 0
@@ -300,17 +301,14 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before 
 
 
 def cmd_worker(args: argparse.Namespace, console: Console) -> int:
-    from workers.settings import CONCURRENCY_ENV, TASK_THREADS
-
     if args.redis_url:
         os.environ["TOKENFLEET_REDIS_URL"] = args.redis_url
-    os.environ[CONCURRENCY_ENV] = str(args.concurrency)  # read when the app's settings are made
     from workers.app import app
     from workers.messages import QUEUE_NAME
 
     name = args.name or f"tokenfleet-{os.getpid()}"
     processes = worker_processes(args.processes)
-    threads = min(args.concurrency, TASK_THREADS)
+    threads = args.concurrency
     children: list[subprocess.Popen[bytes]] = []
     if processes > 1:
         console.print(
@@ -459,9 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--concurrency",
         type=int,
-        default=32,
-        help="generations a process runs at once where a server has no cap (where they have caps, the "
-        "process's room follows them and the slots it holds)",
+        default=DEFAULT_CONCURRENCY,
+        help="task threads per process: each runs one task (a sample, or a group of samples_per_task) "
+        "until its samples are recorded",
     )
     s.add_argument(
         "--processes",

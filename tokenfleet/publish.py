@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -21,45 +23,72 @@ from workers.messages import (
 
 #: Samples per message at most.
 MAX_GROUP: Final = 32
-#: Messages per server batch: a worker takes a message once it has room for its samples, so a group is
-#: about this fraction of what the servers run at once (a message's cost is shared by its samples).
+#: The task threads online hold about this many times the generations the servers run at once: a task
+#: ends with its longest sample, and the slots its other samples gave back go to samples of other tasks
+#: waiting for one, so the servers stay full while tasks wait for their stragglers (lognormal answers of
+#: sigma 0.5: the longest of 32 is about 2.5 times the mean).
+SPARE_FACTOR: Final = 3
+#: Messages per server batch when no worker is online to count task threads (a message's cost is shared
+#: by its samples).
 GROUPS_PER_BATCH: Final = 8
+#: How often the sizer counts the task threads online (the workers' heartbeats).
+THREADS_EVERY_S: Final = 5.0
 
 
-def group_size(wanted_inflight: int | None) -> int:
+def group_size(wanted_inflight: int | None, task_threads: int = 0) -> int:
     """Samples per message for servers that run ``wanted_inflight`` generations at once (the sum of their
-    caps; None: unknown, taken as 256)."""
-    return max(1, min(MAX_GROUP, math.ceil((wanted_inflight or 256) / GROUPS_PER_BATCH)))
+    caps; None: unknown, taken as 256) and ``task_threads`` online (0: unknown)."""
+    wanted = wanted_inflight or 256
+    k = math.ceil(SPARE_FACTOR * wanted / task_threads) if task_threads > 0 else wanted / GROUPS_PER_BATCH
+    return max(1, min(MAX_GROUP, math.ceil(k)))
 
 
 class GroupSizer:
-    """``samples_per_task = "auto"``: each dataset's messages are sized from its servers' caps, so nobody
-    has to choose a group size; it says what it chose."""
+    """``samples_per_task = "auto"``: each dataset's messages are sized from its servers' caps and the
+    task threads online, so nobody has to choose a group size; it says what it chose."""
 
     def __init__(
-        self, wanted_inflight: dict[str, int | None], say: Callable[[str], None] = lambda _: None
+        self,
+        wanted_inflight: dict[str, int | None],
+        say: Callable[[str], None] = lambda _: None,
+        task_threads: Callable[[], int] = lambda: 0,
     ) -> None:
         self._wanted = wanted_inflight
         self._say = say
+        self._task_threads = task_threads
         self._lock = threading.Lock()
         self._chosen: dict[str, int] = {}
+        self._threads = 0
+        self._threads_at = -math.inf
+
+    def threads(self) -> int:
+        """The task threads online, counted at most every ``THREADS_EVERY_S``."""
+        now = time.monotonic()
+        if now - self._threads_at >= THREADS_EVERY_S:
+            self._threads_at = now
+            # a failed count keeps the last one: the size only needs to be about right
+            with contextlib.suppress(Exception):
+                self._threads = self._task_threads()
+        return self._threads
 
     def __call__(self, dataset: str) -> int:
         wanted = self._wanted.get(dataset)
-        k = group_size(wanted)
+        threads = self.threads()
+        k = group_size(wanted, threads)
         with self._lock:
             if self._chosen.get(dataset) == k:
                 return k
             self._chosen[dataset] = k
         shown = f"{wanted:,}" if wanted else "unknown (taken as 256)"
-        self._say(f"{dataset}: {k} sample(s) per task ({shown} generations at once on its servers)")
+        online = f", {threads} task threads online" if threads else ""
+        self._say(f"{dataset}: {k} sample(s) per task ({shown} generations at once on its servers{online})")
         return k
 
 
 class TaskPublisher:
     """Sends the samples as tasks: one task per sample, or per group of ``samples_per_task`` samples
-    (short answers: the Celery cost of a message is shared by the group; a worker runs its samples at
-    once, each admitted, leased and committed on its own).
+    (the Celery cost of a message is shared by the group; a worker runs its samples at once, each
+    leased and committed on its own, and the task ends when all are recorded).
 
     The dataset rides three ways: in the kwargs (Flower shows and searches them: ``kwargs:dataset=NAME``),
     as a Celery stamped header (``celery -A workers.app control revoke_by_stamped_headers dataset=NAME``),

@@ -70,9 +70,10 @@ class Projection:
 
 
 def budget_regime(s: DatasetSnapshot) -> str | None:
-    """ "full speed" while every generation the servers take may start; "final stretch" once the answers in
-    flight are expected to fill what is left of the budget (at the mean length each): they finish, or are
-    cut at the budget, and few or none start; "spent" once exhausted. None without a token budget (or once
+    """ "full speed" while every generation the servers take may start with all it may want; "final
+    stretch" once the answers in flight are expected to fill what is left of the budget (at the mean length
+    each): truncate grants each generation up to the budget's end and cuts the answers running then;
+    discard and drain start fewer; "spent" once exhausted. None without a token budget (or once
     revoked)."""
     if s.token_budget is None or s.state == "revoked":
         return None
@@ -140,7 +141,7 @@ def project(s: DatasetSnapshot) -> Projection:
             waste = s.discarded_tokens
         elif s.on_budget == "drain":  # the running generations finish: their expected rest
             overshoot, waste = int(max(0.0, s.inflight * mean - s.live_tokens)), 0
-        else:  # truncate, discard: every generation was sent capped at its reservation of the budget
+        else:  # truncate, discard: every generation holds a grant of the budget (budget/lua/_lib.lua)
             overshoot, waste = 0, 0
     if s.settled:
         eta: float | None = 0.0

@@ -489,6 +489,7 @@ def run_submit(
     sizer = GroupSizer(
         dict.fromkeys((ds.name for ds in cfg.datasets), inflight),
         say=lambda line: console.print(escape(line), soft_wrap=True),
+        task_threads=lambda: sum(int(w.get("concurrency") or 0) for w in ledger.workers()),
     )
     if window is None:
         window = queue_window(inflight)

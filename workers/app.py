@@ -1,8 +1,8 @@
 """The Celery app: ``celery -A workers.app worker`` or ``tokenfleet worker``.
 
-Settings fit long generations: late acks (a one-sample message is acknowledged only after its sample is
-committed or failed; a group message once its samples are admitted, from when the ledger holds each by its
-lease), one message prefetched per thread, a visibility timeout longer than any request, JSON only on
+Settings fit long generations: a threads pool (a task thread waits on its samples' HTTP streams), late
+acks (a message is acknowledged once every sample of its task is recorded, failed or dropped), one message
+prefetched per thread, a visibility timeout the running tasks renew (``workers.running``), JSON only on
 the wire, no result backend (the ledger and the output files are the record), task events on for Flower.
 """
 

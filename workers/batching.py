@@ -16,11 +16,14 @@ is queued, the batch runs at once.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
+
+log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -35,6 +38,8 @@ class _Call(Generic[K, T, R]):
     key: K
     item: T
     hurry: bool = False
+    #: Queued by ``post``: nobody waits for its answer.
+    posted: bool = False
     done: threading.Event = field(default_factory=threading.Event)
     result: R | None = None
     error: BaseException | None = None
@@ -70,7 +75,19 @@ class CallBatcher(Generic[K, T, R]):
 
     def call(self, key: K, item: T, *, hurry: bool = False) -> R:
         """Answer ``item``; ``hurry``: its batch lingers no longer than ``linger_s`` (others wait on it)."""
-        waiting: _Call[K, T, R] = _Call(key, item, hurry)
+        waiting = self._queued(key, item, hurry)
+        waiting.done.wait()
+        if waiting.error is not None:
+            raise waiting.error
+        return waiting.result  # type: ignore[return-value]
+
+    def post(self, key: K, item: T, *, hurry: bool = False) -> None:
+        """Queue ``item`` without waiting for its answer: it runs in order with the calls queued before and
+        after it (a call queued after it is in the same batch or a later one). Its error is logged."""
+        self._queued(key, item, hurry, posted=True)
+
+    def _queued(self, key: K, item: T, hurry: bool, *, posted: bool = False) -> _Call[K, T, R]:
+        waiting: _Call[K, T, R] = _Call(key, item, hurry, posted=posted)
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -79,10 +96,7 @@ class CallBatcher(Generic[K, T, R]):
                 self._thread.start()
             self._queue.append(waiting)
             self._cond.notify()
-        waiting.done.wait()
-        if waiting.error is not None:
-            raise waiting.error
-        return waiting.result  # type: ignore[return-value]
+        return waiting
 
     def _loop(self) -> None:
         while True:
@@ -118,6 +132,8 @@ class CallBatcher(Generic[K, T, R]):
         except BaseException as e:  # every caller sees the error, as if its own call had failed
             for c in calls:
                 c.error = e
+            if any(c.posted for c in calls):
+                log.warning("%s: a batched call failed: %s", self._name, e)
         finally:
             for c in calls:
                 c.done.set()

@@ -18,10 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from budget import Admission, CommitItem, CommitOutcome, GiveUpOutcome, Ledger, Progress, defaults
-from budget.ledger import DatasetState
+from budget.ledger import GRANT_AT_SEND, GRANT_NOT_NOW, GRANT_WAIT, DatasetState
 from budget.spec import DatasetSpec
 from budget.urls import redact_url
 from workers.batching import CallBatcher
+from workers.continuation import (
+    Grants,
+    can_continue,
+    continued_prompt,
+    ended_at_grant,
+    joined,
+    request_rate,
+    requests_taken,
+)
 from workers.conversation import Conversation, ConversationGeneration, record_fields
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard, worst_record_bytes
@@ -78,6 +87,11 @@ COMMIT_MAX_LINGER_S = 2.0
 COMMIT_BATCH = 8
 #: What SGLang generates at most when a request sets no ``max_new_tokens``.
 DEFAULT_MAX_NEW_TOKENS = 128
+#: A generation with its server slot whose budget is all granted to running generations (that give some
+#: back as they end) asks again this often, for at most ``GRANT_WAIT_MAX_S``; then its sample goes back to
+#: pending.
+GRANT_WAIT_S = 0.02
+GRANT_WAIT_MAX_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,24 +107,35 @@ class Attempt:
     lease: Lease
     #: ``output_dir/dataset``: where its record or failure is written.
     folder: Path
-    #: The tokens the ledger reserved for it under a token budget (its generation is sent with
-    #: ``max_new_tokens`` at most this, so the budget holds); 0: no reservation.
+    #: What the ledger granted it at admission under a token budget: discard, its tokens of the budget
+    #: (its request is sent with ``max_new_tokens`` at most this, so the server itself keeps the budget);
+    #: truncate, ``GRANT_AT_SEND`` (granted once it has a server slot, and continued past its grant where
+    #: the ledger grants more: ``workers/continuation.py``); 0: no budget.
     cap: int = 0
-    #: Called once its generation is over and recorded, before the commit waits for its batch (the process
-    #: room it held is free from there).
-    on_generated: Callable[[], None] | None = None
+    #: The most tokens it may produce (its reservation's want: max_new_tokens, or that times the replies
+    #: of a conversation).
+    want: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What a task reports (Flower shows it as the task's result)."""
+    """What became of one sample: its task's result lists one per sample (Flower shows it)."""
 
     outcome: str
     reason: str = ""
     tokens: int = 0
+    #: A recorded generation's finish reason as SGLang gave it (``stop``, ``length``, ``abort``).
+    finish_reason: str = ""
+    #: A recorded generation cut at the token budget.
+    truncated: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "reason": self.reason, "tokens": self.tokens}
+        shown: dict[str, Any] = {"outcome": self.outcome, "reason": self.reason, "tokens": self.tokens}
+        if self.finish_reason:
+            shown["finish_reason"] = self.finish_reason
+        if self.truncated:
+            shown["truncated"] = True
+        return shown
 
 
 class SampleRunner:
@@ -132,6 +157,7 @@ class SampleRunner:
         self.inflight = InflightRequests()
         self.stops = StopWatcher(ledger, self.inflight, client)
         self.output_guard = OutputGuard(ledger, sink)
+        self.grants = Grants(ledger)
         #: Commits of this process's threads, grouped into one ledger call per dataset.
         self.committer: CallBatcher[str, CommitItem, CommitOutcome] = CallBatcher(
             "committer",
@@ -177,6 +203,7 @@ class SampleRunner:
             return [Outcome("dropped", f"output_unwritable: {problem}") for _ in samples], []
         attempt_ids = [uuid.uuid4().hex[:16] for _ in samples]
         wants = [self._want(dataset, s) for s in samples]
+        wholes = [not can_continue(s, s.get("conversation") is not None) for s in samples]
         fit, problem = self._room_for(dataset, sids, samples, wants)
         if fit < len(samples):  # no room for the records of the rest: not generated, fed again
             if fit == 0:
@@ -191,7 +218,7 @@ class SampleRunner:
                 return rest, []
             head, attempts = self.admit_many(dataset, samples[:fit])
             return head + rest, attempts
-        asks = list(zip(sids, attempt_ids, wants, strict=True))
+        asks = list(zip(sids, attempt_ids, wants, wholes, strict=True))
         group = self.ledger.admit_many(dataset, asks, self.lease_ms)
         outcomes: list[Outcome | None] = [
             None if admission is Admission.OK else Outcome("dropped", admission.value)
@@ -227,6 +254,7 @@ class SampleRunner:
                 self.keeper.hold(dataset, sids[i], attempt_ids[i]),
                 folder,
                 group.results[i][1],
+                want=wants[i] or int(spec.sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
             )
             for i in admitted
         ]
@@ -289,11 +317,10 @@ class SampleRunner:
         last_error: SGLangError | None = None
         last_server: str | None = None
         conversation = Conversation.of(a.sample, spec, a.dataset)  # several replies (regenerate = "all")
-        if a.cap:  # the budget's reservation: the server itself stops the generation there
-            if conversation is not None:
-                conversation.cap = a.cap
-            else:
-                sampling["max_new_tokens"] = min(int(sampling.get("max_new_tokens") or a.cap), a.cap)
+        # of the budget, in all: grows where the ledger grants more (truncate: first granted at send time)
+        grant = max(0, a.cap)
+        if grant:
+            self._cap_at(sampling, conversation, grant)
         problem = out_of_vocabulary(a.sample.get("input_ids"), spec.vocab_size)
         if problem:  # the producer rejects such lines; this guards a server from one that got through
             return self._fail(a, problem, 0)
@@ -341,6 +368,11 @@ class SampleRunner:
                         caps=spec.max_inflight_per_server,
                         cancelled=lambda: request.handle.requested,
                     ) as server:
+                        if a.cap == GRANT_AT_SEND and grant == 0:
+                            grant = self._start_grant(a, request.handle)
+                            if grant <= 0:
+                                return self._no_grant(a, grant)
+                            self._cap_at(sampling, conversation, grant)
                         paced = self.pacer.open(
                             server, int(sampling.get("max_new_tokens") or 0), spec.stall_timeout_s
                         )
@@ -349,6 +381,8 @@ class SampleRunner:
                             params = sampling
                             if "stream_interval" not in spec.sampling:
                                 params = {**sampling, "stream_interval": paced.interval}
+                            hearing = self.pacer.hearing(paced, on_tokens)
+                            sent_at = time.monotonic()
                             gen = generate(
                                 server,
                                 rid=request.handle.rid,
@@ -356,10 +390,43 @@ class SampleRunner:
                                 input_ids=a.sample.get("input_ids"),
                                 text=a.sample.get("text"),
                                 timeout_s=spec.timeout_s,
-                                on_tokens=self.pacer.hearing(paced, on_tokens),
+                                on_tokens=hearing,
                                 stop=request.handle,
                                 stall_timeout_s=spec.stall_timeout_s,
                             )
+                            rate = request_rate(gen, time.monotonic() - sent_at)
+                            sent = int(params.get("max_new_tokens") or 0)
+                            continuable = conversation is None and can_continue(a.sample, False)
+                            while (
+                                continuable
+                                and 0 < grant < a.want
+                                and stop is None
+                                and ended_at_grant(gen, sent)
+                            ):
+                                # the grant ended it, not the answer: go on where the budget gives more
+                                after = self.grants.more(a.dataset, a.sid, a.attempt, a.want - grant, rate)
+                                if after <= 0:
+                                    stop = (Progress.LOST, "")
+                                    break
+                                if after <= grant:  # the budget has no more: cut, or thrown away
+                                    stop = (Progress.STOP, "")
+                                    break
+                                sent, grant = after - grant, after
+                                sent_at = time.monotonic()
+                                part = self.client.generate(
+                                    server,
+                                    rid=new_rid(a.dataset),
+                                    sampling_params={**params, "max_new_tokens": sent},
+                                    input_ids=continued_prompt(a.sample["input_ids"], gen),
+                                    timeout_s=spec.timeout_s,
+                                    on_tokens=hearing,
+                                    stop=request.handle,
+                                    stall_timeout_s=spec.stall_timeout_s,
+                                )
+                                rate = request_rate(part, time.monotonic() - sent_at)
+                                gen = joined(gen, part)
+                            if stop is None:
+                                self._unused_back(a, gen, grant, rate)
                             if not gen.aborted and not gen.stopped_by_us:
                                 self.pacer.finished(paced, gen.completion_tokens)
                         except (RequestRejected, ProtocolError) as e:
@@ -410,20 +477,60 @@ class SampleRunner:
                 last_server = server
                 self.picker.failed(server, last_error)
                 continue
-            return self._record(a, gen, truncated=self._cut_by_reservation(a, gen))
+            cut = self._cut_by_reservation(a, gen, grant)
+            if cut and a.spec.on_budget == "discard":
+                # one that cannot be continued (a text prompt, a conversation), granted what was left at
+                # the budget's end, reached it: discard keeps no cut answer
+                return self._stopped(a, gen, Progress.STOP, "")
+            return self._record(a, gen, truncated=cut)
         reason = f"gave up after {spec.max_attempts} attempts: {last_error.message if last_error else '?'}"
         return self._give_up(a, reason)
 
     @staticmethod
-    def _cut_by_reservation(a: Attempt, gen: Generation) -> bool:
-        """Whether the budget's reservation, not the dataset's max_new_tokens, ended the generation."""
-        if not a.cap:
+    def _cap_at(sampling: dict[str, Any], conversation: Conversation | None, grant: int) -> None:
+        """Send the generation with its grant of the budget as its limit: the server itself stops it there."""
+        if conversation is not None:
+            conversation.cap = grant
+        else:
+            sampling["max_new_tokens"] = min(int(sampling.get("max_new_tokens") or grant), grant)
+
+    def _start_grant(self, a: Attempt, handle: Any) -> int:
+        """The first grant of a truncate budget's generation that has its server slot (``Grants.start``),
+        asked again while the budget is all granted to generations that give some back as they end."""
+        deadline = time.monotonic() + GRANT_WAIT_MAX_S
+        while True:
+            whole = not can_continue(a.sample, a.sample.get("conversation") is not None)
+            got = self.grants.start(a.dataset, a.sid, a.attempt, a.want, _slots_of(a.spec), whole)
+            if got != GRANT_WAIT or handle.requested or time.monotonic() >= deadline:
+                return GRANT_NOT_NOW if got == GRANT_WAIT else got
+            self.sleep(GRANT_WAIT_S)
+
+    def _unused_back(self, a: Attempt, gen: Generation, grant: int, rate: float) -> None:
+        """A truncate budget's generation that ended before its grant gives the rest back at once, before
+        its slot goes to the next generation, which is granted from it."""
+        if a.cap == GRANT_AT_SEND and not gen.aborted and gen.completion_tokens < grant:
+            self.grants.end(a.dataset, a.sid, a.attempt, gen.completion_tokens, rate)
+
+    def _no_grant(self, a: Attempt, got: int) -> Outcome:
+        """No grant for a generation with its slot: its lease was taken back (``got`` 0), the dataset was
+        stopped, or the budget's end has come; never sent, its sample goes back to pending."""
+        verdict, state = self._progress(a)
+        if got == 0 or verdict is not Progress.CONTINUE:
+            return self._give_back(a, state, verdict, 0)
+        self.ledger.release(a.dataset, a.sid, a.attempt, Admission.LIMIT.value)
+        return Outcome("dropped", Admission.LIMIT.value)
+
+    @staticmethod
+    def _cut_by_reservation(a: Attempt, gen: Generation, grant: int) -> bool:
+        """Whether the budget's grant (``grant`` tokens in all), not the dataset's max_new_tokens, ended
+        the generation."""
+        if not grant:
             return False
         if isinstance(gen, ConversationGeneration):
             return gen.cut_by_cap
         max_new = int(a.spec.sampling.get("max_new_tokens") or 0)
         reason = gen.finish_reason or {}
-        return a.cap < max_new and reason.get("type") == "length" and gen.completion_tokens >= a.cap
+        return grant < max_new and reason.get("type") == "length" and gen.completion_tokens >= grant
 
     def _stopped(self, a: Attempt, gen: Generation, verdict: Progress, state: str) -> Outcome:
         """We cut the generation: the budget was reached, the dataset revoked or paused, or the lease
@@ -482,6 +589,7 @@ class SampleRunner:
             "line_no": a.sample.get("line_no"),
             "attempt": a.attempt,
             "rid": gen.rid,
+            "requests": requests_taken(gen),
             "server": redact_url(gen.server),
             "created_at": time.time(),
         }
@@ -498,8 +606,6 @@ class SampleRunner:
                 return Outcome("held", f"output_unwritable: {e.reason}", gen.completion_tokens)
             self.ledger.release(a.dataset, a.sid, a.attempt, "output_unwritable", gen.completion_tokens)
             return Outcome("dropped", f"output_unwritable: {e.reason}", gen.completion_tokens)
-        if a.on_generated is not None:
-            a.on_generated()
         outcome = self.committer.call(
             a.dataset,
             CommitItem(
@@ -512,10 +618,14 @@ class SampleRunner:
             ),
             # a reservation of the budget is given back by the commit: near the budget's end, other
             # generations wait for it
-            hurry=a.cap > 0,
+            hurry=a.cap != 0,
         )
         return Outcome(
-            outcome.value, "truncated at the token budget" if truncated else "", gen.completion_tokens
+            outcome.value,
+            "truncated at the token budget" if truncated else "",
+            gen.completion_tokens,
+            finish_reason=str((gen.finish_reason or {}).get("type") or ""),
+            truncated=truncated,
         )
 
     def _give_up(self, a: Attempt, reason: str) -> Outcome:
@@ -542,3 +652,9 @@ class SampleRunner:
             "failed_at": time.time(),
         }
         self.sink.write_failure(a.folder, failure, a.spec.fsync)
+
+
+def _slots_of(spec: DatasetSpec) -> int:
+    """The slots of the dataset's servers, fleet-wide, as its spec gives them (0: some server has no cap)."""
+    caps = [spec.max_inflight_per_server.get(url) for url in spec.servers]
+    return sum(c for c in caps if c) if caps and all(caps) else 0

@@ -148,8 +148,6 @@ class ServerPicker:
         self._thread: threading.Thread | None = None
         # This process's threads' releases that come together share one script call.
         self._releases: CallBatcher[str, str, int] = CallBatcher("slot-releases", self._release_batch)
-        #: Called after a pick round took slots (the process's room follows the slots it holds).
-        self.on_slots: Callable[[], None] | None = None
 
     def held(self) -> int:
         """The server slots this process holds now (its generations running, and those handed one)."""
@@ -332,8 +330,6 @@ class ServerPicker:
                         self.board.release_unused(url, token)
                 if len(waiters) > PICKS_PER_CALL and all(a.url is not None for a in got):
                     self._wake.set()  # every one offered got a slot: offer the next ones at once
-            if picked and self.on_slots is not None:
-                self.on_slots()
             # Waiting for slots given back elsewhere (this process hands its own over): ask less often
             # while asking finds none, up to WAIT_IDLE_MAX_S; a local release or a new ask resets it.
             granted = any(w.done.is_set() for ws in by_key.values() for w in ws)

@@ -13,10 +13,10 @@ from budget import defaults
 from budget.urls import redis_url_from_env
 from workers.heartbeat import HEARTBEAT_EVERY_S
 
-#: Redis broker visibility timeout: a message not acknowledged in this time is delivered again. It must
-#: exceed the longest generation (request timeout 1800 s by default, plus retries), or a running task's
-#: message would be handed to a second worker (kombu redis transport, ``visibility_timeout``). A second
-#: delivery is harmless (the sample's lease drops it) but wasteful.
+#: Redis broker visibility timeout: a message not acknowledged in this time is delivered again (kombu
+#: redis transport, ``visibility_timeout``). A running task renews its message's delivery time every
+#: quarter of it (``workers.running``), so only the messages of a worker that died come back: their samples
+#: were fed again once their leases expired, and the second delivery is dropped as done.
 DEFAULT_VISIBILITY_TIMEOUT_S: Final = 7200
 
 #: A generation's lease in the ledger lives this long without renewal; a worker renews every quarter.
@@ -25,20 +25,10 @@ DEFAULT_LEASE_S: Final = defaults.LEASE_S
 #: Seconds between a worker's heartbeats while its facts do not change (it beats at once when they do).
 DEFAULT_HEARTBEAT_S: Final = HEARTBEAT_EVERY_S
 
-#: Generations a worker process runs at once where a server has no cap (``--concurrency``); where the
-#: servers have caps, the process's room follows them (``workers.room``).
+#: Task threads per worker process (``--concurrency``): each runs one task, whose samples generate at once.
+#: ``samples_per_task = "auto"`` sizes the tasks so that the task threads online hold about
+#: ``SPARE_FACTOR`` times the generations the servers run at once (``tokenfleet.publish``).
 DEFAULT_CONCURRENCY: Final = 32
-
-#: Celery task threads per process of ``tokenfleet worker``. A task only admits its group of samples and
-#: hands them to the generation pool, so two keep up; each holds one message while it waits for room,
-#: and messages held there run after the rest of the queue if this process holds fewer server slots than
-#: another. With 32 threads (a message of 8 samples each, at 64 in flight, two processes) the samples of a
-#: run started a median 104 places from their place in the source; with 2, a median 5 (90% within 13).
-TASK_THREADS: Final = 2
-
-
-#: How ``tokenfleet worker`` tells its Celery worker the ``--concurrency`` it was given.
-CONCURRENCY_ENV: Final = "TOKENFLEET_WORKER_CONCURRENCY"
 
 
 def _env_float(name: str, default: float) -> float:
@@ -52,8 +42,6 @@ class WorkerSettings:
     visibility_timeout_s: float
     lease_s: float
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
-    #: ``tokenfleet worker --concurrency`` (None under a plain ``celery worker``: its own --concurrency).
-    concurrency: int | None = None
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
@@ -62,7 +50,6 @@ class WorkerSettings:
             visibility_timeout_s=_env_float("TOKENFLEET_VISIBILITY_TIMEOUT_S", DEFAULT_VISIBILITY_TIMEOUT_S),
             lease_s=_env_float("TOKENFLEET_LEASE_S", DEFAULT_LEASE_S),
             heartbeat_s=_env_float("TOKENFLEET_HEARTBEAT_S", DEFAULT_HEARTBEAT_S),
-            concurrency=int(os.environ[CONCURRENCY_ENV]) if os.environ.get(CONCURRENCY_ENV) else None,
         )
 
     @property

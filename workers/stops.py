@@ -13,6 +13,9 @@ server, and a ``StopHandle`` on the stream), and one ``StopWatcher`` thread per 
   reconnects, the watcher also asks the ledger every ``POLL_S`` about each dataset it has in flight, which
   bounds a stop's delay even then. A request admitted before a stop may be sent just after the watcher
   looked: for ``HOT_FOR_S`` after a message the watcher looks at that dataset every ``HOT_POLL_S``.
+- **A revoked task.** A Celery task revoked while it runs (Flower's Revoke button) has its own requests
+  stopped the same way (``stop_owner``): the requests a thread sends while it runs a task's sample are
+  tracked as that task's (``InflightRequests.owned_by``).
 - **How it stops.** Each request of the dataset is aborted by its own rid on its own server (with the
   admin key when the server has one), in parallel. The server ends a running request after one more
   decode step and a waiting one at once; its stream then ends with an abort chunk carrying the exact
@@ -49,10 +52,15 @@ HOT_FOR_S: Final = 10.0
 #: Abort requests sent at once (each is one short POST). A worker process runs up to twice its servers' batch
 #: sizes: with 16 at once, the real server on busy cores took 4 rounds to abort the 64 requests waiting in
 #: its queue of a 32-slot batch, and some were prefilled and generated first (the revoke conformance test
-#: missed its 1 s); 64 abort such a queue in one round.
-ABORT_THREADS: Final = 64
+#: missed its 1 s); 64 took two rounds for the 96 of that test, and a CI run found 17 of them still
+#: generating after 1 s. As many as the client's connections: one round for what a process runs.
+ABORT_THREADS: Final = 256
 #: After losing its pub/sub connection, the watcher waits this long before reconnecting.
 RECONNECT_S: Final = 1.0
+#: A dataset the watcher found stopped stays so for the requests tracked after, for this long after each
+#: look that found it so: one admitted before the stop and sent between two looks would otherwise reach
+#: the server (a real server prefills it before its abort can land).
+STOPPED_FRESH_S: Final = 1.0
 
 
 @dataclass(eq=False, slots=True)
@@ -63,6 +71,16 @@ class InflightRequest:
     handle: StopHandle
     #: When it was tracked (monotonic): a server runs its requests first come, first served.
     since: float = field(default_factory=time.monotonic)
+    #: The Celery task whose sample sent it (None outside a task).
+    owner: str | None = None
+
+
+@dataclass(slots=True)
+class Tries:
+    """The requests a sample's generation sent in one thread (one per try), for its task's result."""
+
+    owner: str
+    count: int = 0
 
 
 class InflightRequests:
@@ -71,10 +89,45 @@ class InflightRequests:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_dataset: dict[str, set[InflightRequest]] = {}
+        self._local = threading.local()
+        #: Datasets found stopped: dataset -> (reason, when last found so, monotonic).
+        self._stopped: dict[str, tuple[str, float]] = {}
+
+    def mark_stopped(self, dataset: str, reason: str) -> None:
+        """``dataset`` was found stopped for ``reason`` (``""``: it runs): requests tracked in the next
+        ``STOPPED_FRESH_S`` are stopped before they are sent."""
+        with self._lock:
+            if reason:
+                self._stopped[dataset] = (reason, time.monotonic())
+            else:
+                self._stopped.pop(dataset, None)
+
+    def stopped(self, dataset: str) -> str:
+        """Why ``dataset`` was found stopped in the last ``STOPPED_FRESH_S``, or ``""``."""
+        with self._lock:
+            reason, at = self._stopped.get(dataset, ("", 0.0))
+        return reason if time.monotonic() - at < STOPPED_FRESH_S else ""
+
+    @contextmanager
+    def owned_by(self, owner: str) -> Iterator[Tries]:
+        """Requests this thread tracks meanwhile belong to ``owner`` (a Celery task id), and are counted."""
+        tries = Tries(owner)
+        previous = getattr(self._local, "tries", None)
+        self._local.tries = tries
+        try:
+            yield tries
+        finally:
+            self._local.tries = previous
 
     @contextmanager
     def track(self, dataset: str, rid: str, server: str) -> Iterator[InflightRequest]:
-        request = InflightRequest(dataset, StopHandle(rid, server))
+        tries: Tries | None = getattr(self._local, "tries", None)
+        if tries is not None:
+            tries.count += 1
+        request = InflightRequest(dataset, StopHandle(rid, server), owner=tries.owner if tries else None)
+        reason = self.stopped(dataset)
+        if reason:  # found stopped a moment ago: never sent
+            request.handle.request(reason)
         with self._lock:
             self._by_dataset.setdefault(dataset, set()).add(request)
         try:
@@ -98,6 +151,10 @@ class InflightRequests:
     def all(self) -> list[InflightRequest]:
         with self._lock:
             return [r for requests in self._by_dataset.values() for r in requests]
+
+    def owned(self, owner: str) -> list[InflightRequest]:
+        with self._lock:
+            return [r for requests in self._by_dataset.values() for r in requests if r.owner == owner]
 
 
 class StopWatcher:
@@ -140,13 +197,20 @@ class StopWatcher:
         The youngest requests are aborted first (``ABORT_THREADS`` at a time): a server takes waiting
         requests into its batch first come, first served, so the requests that still wait in its queue
         are gone before an aborted running one frees a slot for them."""
-        fresh = [r for r in self._inflight.of(dataset) if r.handle.request(reason)]
+        return self._abort_all(self._inflight.of(dataset), dataset, reason)
+
+    def stop_owner(self, owner: str, reason: str) -> int:
+        """Abort the requests of the Celery task ``owner`` by their rids (a revoke); returns how many."""
+        return self._abort_all(self._inflight.owned(owner), f"task {owner}", reason)
+
+    def _abort_all(self, requests: list[InflightRequest], what: str, reason: str) -> int:
+        fresh = [r for r in requests if r.handle.request(reason)]
         # Not sent yet (waiting for a server slot): marked stopped, it never will be.
         sent = sorted((r for r in fresh if r.handle.server), key=lambda r: r.since, reverse=True)
         for _ in self._aborts.map(self._abort, sent):
             pass
         if fresh:
-            log.info("%s: %s: aborted %d request(s) in flight here", dataset, reason, len(fresh))
+            log.info("%s: %s: aborted %d request(s) in flight here", what, reason, len(fresh))
         return len(fresh)
 
     def check(self, datasets: list[str]) -> None:
@@ -154,8 +218,10 @@ class StopWatcher:
         if not datasets:
             return
         for dataset, reason in self._ledger.stop_reasons(datasets).items():
-            if reason and reason != "unknown":
-                self.stop_dataset(dataset, reason)
+            stop = reason if reason != "unknown" else ""
+            self._inflight.mark_stopped(dataset, stop)
+            if stop:
+                self.stop_dataset(dataset, stop)
 
     # --- the thread -----------------------------------------------------------------------------
 
@@ -188,7 +254,9 @@ class StopWatcher:
                     next_poll = now + self._poll_s
                 if hot and now >= next_hot:
                     hot = {d: until for d, until in hot.items() if until > now}
-                    self.check(sorted(set(hot) & set(self._inflight.datasets())))
+                    # every hot dataset, in flight here or not: one admitted before its stop may be sent
+                    # here after, and the look keeps its stop fresh (STOPPED_FRESH_S)
+                    self.check(sorted(hot))
                     self._hang_up_overdue()
                     next_hot = now + min(HOT_POLL_S, self._poll_s)
                 wake = min(next_poll, next_hot) if hot else next_poll
@@ -198,8 +266,7 @@ class StopWatcher:
                     dataset = dataset.decode() if isinstance(dataset, bytes) else str(dataset)
                     hot[dataset] = time.monotonic() + HOT_FOR_S
                     next_hot = time.monotonic() + HOT_POLL_S
-                    if dataset in self._inflight.datasets():
-                        self.check([dataset])
+                    self.check([dataset])
             except (LedgerError, redis.RedisError, OSError) as e:
                 log.warning("stop watcher: %s; reconnecting", e)
                 _close_quietly(pubsub)

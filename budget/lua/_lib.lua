@@ -13,12 +13,20 @@
 --   hit_max_new       committed samples whose generation ended at the dataset's max_new_tokens (not one
 --                     cut short by its reservation of the budget: that one is truncated)
 --   longest           the most completion tokens of one committed sample (caps the length percentiles)
+--   tokens_sq         the sum of the squares of the committed samples' tokens (with tokens and samples:
+--                     the length an answer in flight is expected to have, longer than the mean: discard)
 --   live_tokens       tokens generated so far by in-flight attempts (sum of the live hash; workers report
 --                     them every few seconds: for status only, never for a budget decision)
 --   reserved_tokens   tokens reserved by in-flight attempts under a token budget (sum of the reserved
---                     hash): each generation is sent with max_new_tokens at most its reservation, so
---                     committed + discarded + reserved never exceeds the budget (reservations, below)
---   max_new_tokens    the dataset's max_new_tokens (discard reserves it whole for every generation)
+--                     hash: their grants): committed + discarded + reserved never exceeds the budget
+--                     (reservations, below)
+--   max_new_tokens    the dataset's max_new_tokens (the most one generation may want)
+--   clock_n, clock_sum, clock_grant    truncate: the generations granted at send time, the sum of their
+--                     clocks (ms) and of their grants (clock hash; Reservations, below)
+--   gen_rate          truncate: tokens/s one generation of the dataset gets, learned from ended requests
+--   overdrawn_tokens  tokens committed past their generations' grants (a stream that reached its grant
+--                     generates a step or two more before its abort lands): spent, but never reserved, so
+--                     a lowered budget is judged without them
 --   discarded_tokens  tokens generated and thrown away by the discard policy (spent budget)
 --   wasted_tokens     tokens generated and not committed for any reason (report only)
 --   reclaimed         leases that expired (a worker died) and were taken back
@@ -47,52 +55,188 @@ local function spent(ledger)
   return num(ledger, 'tokens') + num(ledger, 'discarded_tokens')
 end
 
--- Reservations. Under a token budget with policy truncate or discard, admit reserves tokens for each
--- generation and the worker sends it with max_new_tokens equal to its reservation, so the server itself
--- stops it there: committed + discarded + reserved <= budget holds at every moment, and no stream has to
--- be watched or aborted to keep the budget (no per-chunk ledger traffic). A finished generation gives
--- back what it did not use. truncate reserves min(max_new_tokens, what is left): the last generations
--- may be cut at the budget. discard reserves max_new_tokens whole, or nothing: no answer is ever cut, and
--- the budget counts as reached once less than max_new_tokens is left. drain reserves nothing and starts
--- a generation while committed + live + the expected rest of those running stay below the budget.
+-- Reservations (grants). Under a token budget with policy truncate or discard, every generation in flight
+-- holds a grant: tokens of the budget reserved for it (the reserved hash), never more in all than the
+-- budget has left, so committed + discarded + reserved <= budget at every moment. Its request is sent with
+-- max_new_tokens equal to its grant, so the server itself stops it there, whatever the load: no abort has
+-- to land in time.
+--
+-- truncate: grants to a common deadline. A generation is granted its tokens when it has a server slot and
+-- is about to be sent (grant.lua), not when its task is admitted (a worker holds about three samples per
+-- slot: grants made at admission would sit with samples waiting for a slot). Continuous batching gives
+-- every running request one token per decode step, so every generation of the dataset can be granted up
+-- to the same moment: the horizon, the tokens still to generate (what is unreserved, plus what the running
+-- generations have not yet used of their grants) over the generations that run (horizon below). Far from
+-- the end the horizon is past max_new_tokens and a grant is the whole want. Nearer, a generation that ends
+-- early gives back what it did not use at once (grant.lua's 'end', before its slot goes to the next one),
+-- and the next one is granted up to the same horizon: so the servers stay full, and every answer still
+-- running when the budget is spent reaches its grant then, and is cut there. An answer that reaches its
+-- grant before (the horizon was estimated short) asks for more ('more') and goes on in a new request, the
+-- prompt and its output so far, a prefix-cache hit (workers/continuation.py); where the budget has none
+-- left, it ends there, cut.
+-- How much of their grants the running generations have used is not reported per token: each one's
+-- clock (the clock hash: when it would have started at the dataset's speed, on Redis's clock) and the
+-- dataset's speed per generation (gen_rate, tokens/s, learned from the requests that ended) say it.
+--
+-- discard grants each generation its whole want or nothing, at admission (admit.lua: an answer continued
+-- and then refused more would be thrown away whole), admits one only while committed + live + the
+-- expected length of each generation in flight stay within the budget (an answer it starts is expected to
+-- end whole), and grants from the budget plus DISCARD_SLACK of it (whole answers may pass the budget by
+-- that much).
+local DISCARD_SLACK = 0.01
+-- truncate: a new generation starts only where the horizon gives it this much (or its whole want, or an
+-- equal share of the whole budget per generation where that is less: a budget too small for its slots):
+-- one granted less would be cut within a few tokens, a junk answer; a continuation is granted at least
+-- MORE_MIN where that much is left (each costs a request); one observation's weight in gen_rate.
+local NEW_MIN = 32
+local MORE_MIN = 16
+local RATE_WEIGHT = 0.05
 
--- The smallest reservation a generation may start with under ``mode``, the dataset's max_new_tokens
--- being ``max_new`` (nil: no reservations).
-local function floor_of(mode, max_new)
-  if mode == 'discard' then return math.max(1, max_new) end
+-- The tokens a budget of ``budget`` may grant in all under ``mode``.
+local function grant_pool(mode, budget)
+  if mode == 'discard' then return budget + math.floor(budget * DISCARD_SLACK) end
+  return budget
+end
+
+-- The least budget a new generation needs under ``mode``, its dataset's max_new_tokens being ``max_new``
+-- (0: SGLang's default, 128): truncate, a token (its answer may be cut there); discard, its whole
+-- max_new_tokens (the grant admit gives it); nil, drain. ``mean`` is kept for the callers' symmetry.
+local function floor_of(mode, max_new, mean)
   if mode == 'drain' then return nil end
-  return 1
+  if mode ~= 'discard' then return 1 end
+  if max_new <= 0 then max_new = 128 end
+  -- discard grants each generation its whole want (admit.lua): one needs max_new_tokens left
+  return max_new
+end
+
+local function mean_length(ledger)
+  local samples = num(ledger, 'samples')
+  if samples > 0 then return num(ledger, 'tokens') / samples end
+  return 0
+end
+
+-- discard only: the length an answer in flight is expected to have, from the committed ``tokens`` and the
+-- sum of their squares: long answers stay in flight longer, so the answers in flight are a length-biased
+-- draw, E[L^2] / E[L] of the committed lengths, not their mean (a third more for lengths with a lognormal
+-- sigma of 0.5); the mean where the squares were not kept (a ledger rebuilt from the outputs, or older);
+-- 0 before any is committed.
+local function discard_length(tokens, tokens_sq, samples)
+  if tokens > 0 and tokens_sq > 0 then return tokens_sq / tokens end
+  if samples > 0 then return tokens / samples end
+  return 0
 end
 
 local function reserve_floor(ledger, mode)
-  local max_new = 0
-  if mode == 'discard' then max_new = num(ledger, 'max_new_tokens') end
-  return floor_of(mode, max_new)
+  return floor_of(mode, num(ledger, 'max_new_tokens'),
+    discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')))
 end
 
--- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest reservation
--- ``floor`` left (nil, drain, which reserves nothing: no token left).
+-- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest grant
+-- ``floor`` left (nil, drain, which grants nothing: no token left).
 local function budget_reached(budget, spent_tokens, floor)
   return budget - spent_tokens < (floor or 1)
 end
 
--- The reservation for one more generation that wants ``want`` tokens, given ``left`` unreserved tokens
--- of the budget: 0 when it may not start now.
-local function reservation(mode, left, want)
-  if mode == 'discard' then
-    if left >= want then return want end
-    return 0
+-- truncate only: the clock of the generations granted at send time, as the ledger fields clock_n (how
+-- many), clock_sum (the sum of their clocks, ms), clock_grant (the sum of their grants), and gen_rate:
+-- {n, sum, grant, rate}.
+local function clock_figures(ledger)
+  local f = redis.call('HMGET', ledger, 'clock_n', 'clock_sum', 'clock_grant', 'gen_rate')
+  return {tonumber(f[1]) or 0, tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0}
+end
+
+-- What the running generations (``clock``: clock_figures) have not yet used of their grants at ``now``:
+-- their grants less what they produced at the dataset's speed since their clocks.
+local function unused_grants(clock, now)
+  local n, sum, grant, rate = clock[1], clock[2], clock[3], clock[4]
+  if n <= 0 or grant <= 0 then return 0 end
+  local used = 0
+  if rate > 0 then used = rate * (n * now - sum) / 1000 end
+  return grant - math.min(grant, math.max(0, used))
+end
+
+-- The horizon: the tokens each generation running (``clock``'s, and ``coming`` about to start) may still
+-- generate before the budget is spent, ``left`` being what is unreserved: what is left and unused, over
+-- the number of them. Where fewer run than the servers take (a budget's first generations start a few at
+-- a time, as their tasks are taken), the count is what will run: the slots of the dataset's servers
+-- (``slots``, as the worker knows them), or where they are unknown the generations admitted
+-- (``leased``): a first generation must not take what the next ones need.
+-- Returns the horizon and the number of generations it is shared by.
+local function horizon(left, clock, now, coming, slots, leased)
+  local n = clock[1] + coming
+  local expect = leased
+  if slots > 0 then expect = slots end
+  if expect > n then n = expect end
+  if n < 1 then n = 1 end
+  return (math.max(0, left) + unused_grants(clock, now)) / n, n
+end
+
+-- The least grant a new generation wanting ``want`` starts with, a pool of ``pool`` tokens being shared by
+-- ``n`` generations (horizon): NEW_MIN, its whole want where less, an equal share of the pool where less.
+local function start_least(want, pool, n)
+  return math.max(1, math.min(want, NEW_MIN, math.floor(pool / math.max(1, n))))
+end
+
+-- truncate only: whether a new generation may start now, ``left`` tokens unreserved of a pool of ``pool``:
+-- the budget is not all granted away to the generations running (what they hold unused counts: they give
+-- it back as they end), and the horizon gives one at least start_least; with none running, whatever is
+-- left may start one.
+local function new_may_start(left, clock, now, want, slots, leased, pool)
+  if clock[1] == 0 then return left > 0 end
+  local h, n = horizon(left, clock, now, 0, slots, leased)
+  return h >= start_least(want, pool, n)
+end
+
+-- truncate only: a generation's clock set to ``start`` (ms), its grant in the clock's sum being ``grant``;
+-- ``was``: its clock before (nil: it had none), its grant then being ``was_grant``. One HSET and one
+-- HINCRBY per field changed (the callers batch theirs: clock_add below).
+local function clock_delta(d, start, grant, was, was_grant)
+  if was then
+    d.sum = d.sum + start - was
+    d.grant = d.grant + grant - was_grant
+  else
+    d.n = d.n + 1
+    d.sum = d.sum + start
+    d.grant = d.grant + grant
   end
-  if left <= 0 then return 0 end
-  return math.min(want, left)
+end
+
+local function clock_apply(ledger, d)
+  if d.n ~= 0 then redis.call('HINCRBY', ledger, 'clock_n', d.n) end
+  if d.sum ~= 0 then redis.call('HINCRBY', ledger, 'clock_sum', d.sum) end
+  if d.grant ~= 0 then redis.call('HINCRBY', ledger, 'clock_grant', d.grant) end
+end
+
+-- Take ``sids`` off the clock (they ended, or lost their leases), ``grants`` their grants before (by
+-- position). Cheap where the dataset has no clock.
+local function clock_remove(ledger, clock, sids, grants)
+  if #sids == 0 then return end
+  local starts = redis.call('HMGET', clock, unpack(sids))
+  local d, gone = {n = 0, sum = 0, grant = 0}, {}
+  for i, s in ipairs(starts) do
+    if s then
+      d.n = d.n - 1
+      d.sum = d.sum - tonumber(s)
+      d.grant = d.grant - (tonumber(grants[i]) or 0)
+      gone[#gone + 1] = sids[i]
+    end
+  end
+  if #gone > 0 then
+    redis.call('HDEL', clock, unpack(gone))
+    clock_apply(ledger, d)
+  end
+end
+
+-- One observation of a generation's speed (tokens/s of a request that ended) in the dataset's gen_rate.
+local function rate_observe(rate, obs)
+  if not obs or obs <= 0 then return rate end
+  if rate <= 0 then return obs end
+  return rate + RATE_WEIGHT * (obs - rate)
 end
 
 -- drain only: what the expected rule reads, {committed, live, mean committed length, in flight}.
 local function drain_figures(ledger, leases)
-  local samples = num(ledger, 'samples')
-  local mean = 0
-  if samples > 0 then mean = num(ledger, 'tokens') / samples end
-  return {spent(ledger), num(ledger, 'live_tokens'), mean, redis.call('ZCARD', leases)}
+  return {spent(ledger), num(ledger, 'live_tokens'), mean_length(ledger), redis.call('ZCARD', leases)}
 end
 
 -- drain only: whether starting one more generation could not fit in the budget, with what the running
@@ -105,9 +249,33 @@ local function drain_full(figures, inflight, budget)
   return committed + live + expected >= budget
 end
 
+-- discard only: {committed + discarded, live, the length a generation in flight is expected to have in all
+-- (discard_length; max_new_tokens before any is committed)}.
+local function discard_figures(ledger)
+  local mean = discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples'))
+  if mean <= 0 then mean = num(ledger, 'max_new_tokens') end
+  if mean <= 0 then mean = 128 end
+  return {spent(ledger), num(ledger, 'live_tokens'), mean}
+end
+
+-- discard only: whether ``n`` generations in flight (the one to start included) could not be expected to
+-- end within the budget: what is spent, and what those in flight are expected to have in all, or what
+-- they have produced where that is more (drain's rule, with discard's expected length).
+local function discard_full(figures, n, budget)
+  return figures[1] + math.max(figures[2], n * figures[3]) > budget
+end
+
 local function drain_blocked(ledger, leases, budget)
   local figures = drain_figures(ledger, leases)
   return drain_full(figures, figures[4], budget)
+end
+
+-- The most tokens one generation of the dataset may want: its max_new_tokens (SGLang's default, 128,
+-- where it has none).
+local function max_want(ledger)
+  local want = num(ledger, 'max_new_tokens')
+  if want <= 0 then want = 128 end
+  return want
 end
 
 -- Whether no generation may start now for the token budget (enqueue asks before publishing).
@@ -115,13 +283,18 @@ local function budget_blocked(ledger, leases)
   local budget = limit(ledger, 'token_budget')
   if not budget then return false end
   local mode = redis.call('HGET', ledger, 'on_budget')
-  local floor = reserve_floor(ledger, mode)
-  if not floor then return drain_blocked(ledger, leases, budget) end
-  return budget - spent(ledger) - num(ledger, 'reserved_tokens') < floor
+  if mode == 'drain' then return drain_blocked(ledger, leases, budget) end
+  local leased = redis.call('ZCARD', leases)
+  local left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
+  if mode == 'discard' then
+    if discard_full(discard_figures(ledger), leased + 1, budget) then return true end
+    return left < max_want(ledger)  -- a whole want or nothing (admit.lua)
+  end
+  return not new_may_start(left, clock_figures(ledger), now_ms(), max_want(ledger), 0, 0, budget)
 end
 
--- Which committed limit is reached, or nil. Under discard the budget is reached once less than a whole
--- reservation (max_new_tokens) is left.
+-- Which committed limit is reached, or nil. The budget is reached once less than the least a new
+-- generation needs is left (floor_of).
 local function limit_reached(ledger)
   local budget = limit(ledger, 'token_budget')
   if budget then
@@ -145,8 +318,8 @@ local function refresh_state(ledger)
   return state
 end
 
--- Remove a lease, its live tokens and its reservation. Returns the live tokens it held.
-local function drop_lease(ledger, leases, owners, live, reserved, sid)
+-- Remove a lease, its live tokens, its reservation and its clock. Returns the live tokens it held.
+local function drop_lease(ledger, leases, owners, live, reserved, clock, sid)
   local n = tonumber(redis.call('HGET', live, sid) or '0') or 0
   local r = tonumber(redis.call('HGET', reserved, sid) or '0') or 0
   redis.call('ZREM', leases, sid)
@@ -158,15 +331,16 @@ local function drop_lease(ledger, leases, owners, live, reserved, sid)
   if r ~= 0 then
     redis.call('HDEL', reserved, sid)
     redis.call('HINCRBY', ledger, 'reserved_tokens', -r)
+    clock_remove(ledger, clock, {sid}, {r})
   end
   return n
 end
 
 -- Take back leases whose holder stopped renewing them (a killed worker); the samples become pending.
-local function reclaim_expired(ledger, leases, owners, live, reserved, pending, done, failed, now)
+local function reclaim_expired(ledger, leases, owners, live, reserved, clock, pending, done, failed, now)
   local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 256)
   for _, sid in ipairs(expired) do
-    local n = drop_lease(ledger, leases, owners, live, reserved, sid)
+    local n = drop_lease(ledger, leases, owners, live, reserved, clock, sid)
     redis.call('HINCRBY', ledger, 'wasted_tokens', n)
     if redis.call('HEXISTS', done, sid) == 0 and redis.call('HEXISTS', failed, sid) == 0 then
       redis.call('HSET', pending, sid, 'lease_expired')
@@ -232,5 +406,6 @@ end
 local function over_budget(ledger)
   local budget = limit(ledger, 'token_budget')
   if not budget or redis.call('HGET', ledger, 'on_budget') == 'drain' then return false end
-  return spent(ledger) + num(ledger, 'reserved_tokens') > budget
+  return spent(ledger) - num(ledger, 'overdrawn_tokens') + num(ledger, 'reserved_tokens')
+    > grant_pool(redis.call('HGET', ledger, 'on_budget'), budget)
 end

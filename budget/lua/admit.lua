@@ -1,9 +1,11 @@
 -- admit: a worker took a task (one sample, or a group of them) from the queue and asks which to generate.
 -- One call for the whole group: its cost in Redis commands does not grow with the group's size.
--- KEYS: ledger, spec, done, queued, leases, owners, live, reserved, pending, failed
+-- KEYS: ledger, spec, done, queued, leases, owners, live, reserved, clock, pending, failed
 -- ARGV: lease_ms, then for each sample: sid, attempt, want (the most tokens its generation may produce:
 --       max_new_tokens, times the replies of a conversation that regenerates them all; 0: the dataset's
---       max_new_tokens)
+--       max_new_tokens), whole (1: its generation cannot be continued past a grant, a conversation or a
+--       text prompt: kept for the callers; truncate grants it as any other at send time, and it is cut at
+--       its grant; discard grants every generation its whole want)
 -- Returns {state, spec_json, verdict_1, cap_1, verdict_2, cap_2, ...}, per sample in order. verdict:
 --   ok        generate; the caller holds the sample's lease until commit, fail or release
 --   done      already committed (a second delivery); nothing to do
@@ -11,12 +13,14 @@
 --   leased    another attempt holds the lease right now (a duplicate delivery); nothing to do
 --   paused | revoked | exhausted | limit    dropped without generation; the sample is pending again
 --   unknown   the dataset is not in this ledger
--- cap: for an admitted sample under a token budget (truncate, discard), the tokens reserved for it: its
--- generation must be sent with max_new_tokens at most this (see Reservations in _lib.lua); 0 otherwise.
+-- cap: for an admitted sample under a token budget, its grant: under discard the tokens of the budget
+-- reserved for it (its whole want); under truncate -1, granted at send time (grant.lua: Reservations in
+-- _lib.lua); 0 otherwise (no token budget, or drain).
 local lease_ms = tonumber(ARGV[1])
-local n = (#ARGV - 1) / 3
+local STRIDE = 4
+local n = (#ARGV - 1) / STRIDE
 local sids = {}
-for i = 1, n do sids[i] = ARGV[3 * i - 1] end
+for i = 1, n do sids[i] = ARGV[STRIDE * (i - 1) + 2] end
 local now = now_ms()
 redis.call('ZREM', queued, unpack(sids))
 local state = redis.call('HGET', ledger, 'state')
@@ -25,13 +29,13 @@ if not state then
   for i = 1, n do out[#out + 1] = 'unknown'; out[#out + 1] = 0 end
   return out
 end
-reclaim_expired(ledger, leases, owners, live, reserved, pending, done, failed, now)
+reclaim_expired(ledger, leases, owners, live, reserved, clock, pending, done, failed, now)
 local is_done = redis.call('HMGET', done, unpack(sids))
 local is_failed = redis.call('HMGET', failed, unpack(sids))
 local leased = redis.call('ZMSCORE', leases, unpack(sids))
 
-local budget, mode, left, drain = nil, nil, 0, nil
-local max, taken = nil, 0
+local budget, mode, left, drain, discard, deferred = nil, nil, 0, nil, nil, false
+local max, taken, leased_before = nil, 0, 0
 if state == 'active' then
   budget = limit(ledger, 'token_budget')
   if budget then
@@ -39,7 +43,14 @@ if state == 'active' then
     if mode == 'drain' then
       drain = drain_figures(ledger, leases)
     else
-      left = budget - spent(ledger) - num(ledger, 'reserved_tokens')
+      left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
+      leased_before = redis.call('ZCARD', leases)
+      if mode == 'discard' then
+        discard = discard_figures(ledger)
+      else
+        -- truncate: granted at send time (grant.lua); admitted while a new generation may start
+        deferred = new_may_start(left, clock_figures(ledger), now, max_want(ledger), 0, 0, budget)
+      end
     end
   end
   max = limit(ledger, 'max_samples')
@@ -54,7 +65,8 @@ local out = {state, ''}
 local back, ok_sids, lease_args, owner_args, reserve_args, seen = {}, {}, {}, {}, {}, {}
 local reserved_now = 0
 for i = 1, n do
-  local sid, attempt, want = sids[i], ARGV[3 * i], tonumber(ARGV[3 * i + 1]) or 0
+  local at = STRIDE * (i - 1) + 1
+  local sid, attempt, want = sids[i], ARGV[at + 2], tonumber(ARGV[at + 3]) or 0
   if want <= 0 then want = default_want end
   local verdict, cap = 'ok', 0
   if is_done[i] then
@@ -70,9 +82,22 @@ for i = 1, n do
   elseif drain then
     -- each generation admitted before it in this group runs too (as if admitted one at a time)
     if drain_full(drain, drain[4] + #ok_sids, budget) then verdict = 'limit' end
-  elseif budget then
-    cap = reservation(mode, left, want)
+  elseif discard then
+    -- an answer continued past a grant and then refused more would be thrown away whole, so each is
+    -- granted its whole want or does not start yet (no token generated under discard is wasted); each
+    -- generation admitted before it in this group holds a grant too (as if admitted one at a time)
+    if not discard_full(discard, leased_before + #ok_sids + 1, budget) then
+      if left >= want then
+        cap = want
+      elseif leased_before + #ok_sids == 0 and left > 0 then
+        -- with none running (a conversation wanting more than is left), the last generation takes what
+        -- is left: it ends within it, or is thrown away, and either way the budget's end comes
+        cap = math.min(want, left)
+      end
+    end
     if cap <= 0 then verdict = 'limit' else left = left - cap end
+  elseif budget then
+    if deferred then cap = -1 else verdict = 'limit' end
   end
   if verdict == 'ok' then
     taken = taken + 1
@@ -82,7 +107,7 @@ for i = 1, n do
     owner_args[#owner_args + 1] = sid
     owner_args[#owner_args + 1] = attempt
     seen[sid] = true
-    if cap > 0 then
+    if cap > 0 then  -- discard: reserved now (truncate's -1: at send time)
       reserve_args[#reserve_args + 1] = sid
       reserve_args[#reserve_args + 1] = cap
       reserved_now = reserved_now + cap

@@ -1,7 +1,7 @@
 -- commit: generations' records are written and flushed; count each, exactly once. One call commits a
 -- batch (a worker process's generations that ended at about the same time): its cost in Redis commands
 -- does not grow with the batch's size.
--- KEYS: ledger, done, leases, owners, live, reserved, pending, rate_tokens, rate_samples, lengths
+-- KEYS: ledger, done, leases, owners, live, reserved, clock, pending, rate_tokens, rate_samples, lengths
 -- ARGV: for each generation: sid, attempt, completion_tokens, truncated (0 | 1), reasoning_tokens (of
 -- completion_tokens, the model's thinking), hit_max_new (0 | 1: it ended at the dataset's max_new_tokens),
 -- length bucket (of completion_tokens, computed by the caller: budget/lengths.py)
@@ -19,7 +19,7 @@ local n = #ARGV / STRIDE
 local out = {}
 local f = redis.call('HMGET', ledger, 'state', 'max_samples', 'tokens', 'samples', 'truncated',
   'live_tokens', 'reserved_tokens', 'wasted_tokens', 'token_budget', 'on_budget', 'discarded_tokens',
-  'reasoning_tokens', 'hit_max_new', 'longest', 'max_new_tokens')
+  'reasoning_tokens', 'hit_max_new', 'longest', 'max_new_tokens', 'overdrawn_tokens', 'tokens_sq')
 local state = f[1]
 -- an attempt that ends after the dataset was forgotten must not bring its ledger back
 if not state then
@@ -40,12 +40,15 @@ local budget, mode = tonumber(f[9] or ''), f[10]
 local strict_budget = mode ~= 'drain' and budget or nil
 local discarded = tonumber(f[11]) or 0
 local reasoning, hit_max_new, longest = tonumber(f[12]) or 0, tonumber(f[13]) or 0, tonumber(f[14]) or 0
+local overdrawn = tonumber(f[16]) or 0
+local tokens_sq = tonumber(f[17]) or 0
 -- reservations exist only while some are held (a dataset without a token budget never has any)
 local reserved_of = {}
 if reserved_tokens ~= 0 then reserved_of = redis.call('HMGET', reserved, unpack(sids)) end
 local any_live = false
 
 local dropped, done_args, committed_sids, back, committed_here, dropped_here = {}, {}, {}, {}, {}, {}
+local dropped_grants = {}
 local new_tokens, new_samples = 0, 0
 -- committed samples per length bucket in this batch, and the buckets in the order first seen
 local per_bucket, buckets = {}, {}
@@ -55,6 +58,7 @@ for i = 1, n do
   local sid, attempt, k, cut = sids[i], ARGV[at + 2], tonumber(ARGV[at + 3]), ARGV[at + 4]
   local generated = k
   local holds = owner[i] == attempt
+  local grant = 0
   if holds and not dropped_here[sid] then
     -- the tokens not reported live yet count as generated now; the reservation is given back (once: a
     -- sid listed twice in the batch must not give back its lease's live tokens and reservation twice)
@@ -63,8 +67,10 @@ for i = 1, n do
     if live_of[i] then any_live = true end
     generated = k - was_live
     live_tokens = live_tokens - was_live
-    reserved_tokens = reserved_tokens - (tonumber(reserved_of[i]) or 0)
+    grant = tonumber(reserved_of[i]) or 0
+    reserved_tokens = reserved_tokens - grant
     dropped[#dropped + 1] = sid
+    dropped_grants[#dropped_grants + 1] = grant
   end
   new_tokens = new_tokens + math.max(0, generated)
   local outcome = 'committed'
@@ -76,7 +82,8 @@ for i = 1, n do
     back[#back + 1] = 'revoked'
   elseif max and samples >= max then
     outcome = 'over_limit'
-  elseif not holds and strict_budget and tokens + discarded + reserved_tokens + k > strict_budget then
+  elseif not holds and strict_budget
+      and tokens + discarded - overdrawn + reserved_tokens + k > grant_pool(mode, strict_budget) then
     outcome = 'over_limit'
   end
   if outcome == 'committed' then
@@ -85,6 +92,9 @@ for i = 1, n do
     done_args[#done_args + 1] = attempt
     committed_sids[#committed_sids + 1] = sid
     tokens = tokens + k
+    tokens_sq = tokens_sq + k * k
+    -- a stream stopped at its grant may pass it by the step or two its abort took to land
+    if grant > 0 and k > grant then overdrawn = overdrawn + k - grant end
     samples = samples + 1
     new_samples = new_samples + 1
     if cut == '1' then truncated = truncated + 1 end
@@ -106,7 +116,10 @@ if #dropped > 0 then
   redis.call('ZREM', leases, unpack(dropped))
   redis.call('HDEL', owners, unpack(dropped))
   if any_live then redis.call('HDEL', live, unpack(dropped)) end
-  if #reserved_of > 0 then redis.call('HDEL', reserved, unpack(dropped)) end
+  if #reserved_of > 0 then
+    redis.call('HDEL', reserved, unpack(dropped))
+    clock_remove(ledger, clock, dropped, dropped_grants)
+  end
 end
 if #done_args > 0 then
   redis.call('HSET', done, unpack(done_args))
@@ -116,13 +129,18 @@ if #back > 0 then redis.call('HSET', pending, unpack(back)) end
 -- active <-> exhausted from the limits (the rule of limit_reached), from the figures in hand
 if new_samples > 0 and (state == 'active' or state == 'exhausted') then
   local reached = (max and samples >= max)
-    or (budget and budget_reached(budget, tokens + discarded, floor_of(mode, tonumber(f[15]) or 0)))
+    or (budget and budget_reached(budget, tokens + discarded,
+      floor_of(mode, tonumber(f[15]) or 0, discard_length(tokens, tokens_sq, samples))))
   if reached then state = 'exhausted' else state = 'active' end
   out[1] = state
 end
 local fields = {'tokens', tokens, 'samples', samples, 'truncated', truncated,
   'live_tokens', live_tokens, 'reserved_tokens', reserved_tokens, 'wasted_tokens', wasted,
-  'reasoning_tokens', reasoning, 'hit_max_new', hit_max_new, 'longest', longest}
+  'reasoning_tokens', reasoning, 'hit_max_new', hit_max_new, 'longest', longest, 'tokens_sq', tokens_sq}
+if overdrawn > 0 then
+  fields[#fields + 1] = 'overdrawn_tokens'
+  fields[#fields + 1] = overdrawn
+end
 if state ~= f[1] then
   fields[#fields + 1] = 'state'
   fields[#fields + 1] = state

@@ -4,7 +4,7 @@
 -- without expiry (score +inf: never reclaimed, renew never shortens it, admit answers "leased"), so the
 -- sample is neither fed nor generated again, and the dataset is not settled while it is held. Its
 -- reservation of a token budget shrinks to the tokens it generated: they are counted at its commit.
--- KEYS: ledger, done, leases, owners, live, reserved, held
+-- KEYS: ledger, done, leases, owners, live, reserved, clock, held
 -- ARGV: sid, attempt, record (JSON), completion_tokens, max_bytes (the most the dataset's held records
 --       may take in all)
 -- Ledger fields: held (records held), held_bytes (their size).
@@ -23,6 +23,7 @@ redis.call('HINCRBY', ledger, 'held', 1)
 redis.call('HINCRBY', ledger, 'held_bytes', #record)
 redis.call('ZADD', leases, '+inf', sid)
 local r = tonumber(redis.call('HGET', reserved, sid) or '0') or 0
+if r ~= 0 then clock_remove(ledger, clock, {sid}, {r}) end  -- it generates no more
 if r > tokens then
   redis.call('HSET', reserved, sid, tokens)
   redis.call('HINCRBY', ledger, 'reserved_tokens', tokens - r)

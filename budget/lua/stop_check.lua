@@ -10,13 +10,15 @@
 --   unknown   the dataset is not in this ledger
 -- One read (every worker process asks this twice a second for each dataset it has in flight).
 local f = redis.call('HMGET', ledger, 'state', 'token_budget', 'on_budget', 'tokens', 'discarded_tokens',
-  'reserved_tokens')
+  'reserved_tokens', 'overdrawn_tokens')
 local state = f[1]
 if not state then return 'unknown' end
 if state == 'revoked' or state == 'paused' then return state end
 local budget = tonumber(f[2] or '')
+-- over_budget's rule (_lib.lua), from the one read: tokens past grants (an abort's lag) are no lowering
 if budget and f[3] ~= 'drain'
-    and (tonumber(f[4]) or 0) + (tonumber(f[5]) or 0) + (tonumber(f[6]) or 0) > budget then
+    and (tonumber(f[4]) or 0) + (tonumber(f[5]) or 0) - (tonumber(f[7]) or 0) + (tonumber(f[6]) or 0)
+      > grant_pool(f[3], budget) then
   return 'budget'
 end
 return ''

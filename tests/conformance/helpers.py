@@ -148,13 +148,36 @@ class Mismatch:
     problem: str
 
 
+def served_output(
+    record: Mapping[str, Any],
+    served: Mapping[str, RequestRecord],
+    by_prompt: Mapping[tuple[int, ...], RequestRecord],
+) -> tuple[list[int] | None, int]:
+    """The output ids the server returned for ``record``'s generation, and the requests it took: its rid's
+    output, followed by each continuation's (workers/continuation.py: a request whose prompt is the record's
+    prompt and every token the server returned before it), until the record's length."""
+    seen = served.get(str(record.get("rid")))
+    if seen is None or seen.output_ids is None:
+        return None, 0
+    out, requests = list(seen.output_ids), 1
+    while len(out) < len(record["output_ids"]):
+        nxt = by_prompt.get(tuple(record["input_ids"]) + tuple(out))
+        if nxt is None or not nxt.output_ids:
+            break
+        out += nxt.output_ids
+        requests += 1
+    return out, requests
+
+
 def mismatches_with_server(
     records: Sequence[Mapping[str, Any]],
     served: Mapping[str, RequestRecord],
     sources: Mapping[str, Sequence[int]],
 ) -> list[Mismatch]:
-    """Each record against the server's log of its rid: the prompt ids the server received are the
-    source's, and the output ids the server returned are the record's, all of them."""
+    """Each record against the server's log of its rid (and of its continuations): the prompt ids the
+    server received are the source's, and the output ids the server returned are the record's, all of
+    them."""
+    by_prompt = {tuple(r.input_ids): r for r in served.values() if r.input_ids and r.output_ids is not None}
     problems = []
     for r in records:
         seen = served.get(str(r.get("rid")))
@@ -163,9 +186,10 @@ def mismatches_with_server(
             continue
         if r["input_ids"] != list(sources[r["id"]]) or seen.input_ids != r["input_ids"]:
             problems.append(Mismatch(r["id"], "prompt ids differ from the source's or the server's"))
-        if seen.output_ids is None or seen.output_ids != r["output_ids"]:
-            problems.append(Mismatch(r["id"], f"output ids {r['output_ids'][:8]}... vs {seen.output_ids}"))
-        if r["completion_tokens"] != len(r["output_ids"]) or seen.completion_tokens != len(r["output_ids"]):
+        out, _ = served_output(r, served, by_prompt)
+        if out is None or out != r["output_ids"]:
+            problems.append(Mismatch(r["id"], f"output ids {r['output_ids'][:8]}... vs {out}"))
+        if r["completion_tokens"] != len(r["output_ids"]):
             problems.append(Mismatch(r["id"], "completion_tokens differs from the ids"))
     return problems
 

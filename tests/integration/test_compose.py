@@ -671,7 +671,7 @@ def test_the_compose_job_runs_to_the_end_with_ledger_tokens_equal_to_export_toke
         if ds.max_samples is not None:
             assert snap.samples == ds.max_samples
         if ds.token_budget is not None:
-            assert snap.state == "exhausted"
+            assert snap.state == "exhausted", snap
     ledger.client.close()
 
 

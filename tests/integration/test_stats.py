@@ -149,15 +149,16 @@ def test_a_generation_cut_by_its_budget_reservation_is_truncated_not_a_max_new_h
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # every prompt wants 100 tokens: each generation ends at max_new_tokens (48), except the one the
-    # budget's last reservation (1000 - 20 x 48 = 40 tokens) cuts
-    sim = sim_factory(fixed_output_len=100)
+    # every prompt wants 100 tokens: each generation ends at max_new_tokens (48), except those the budget's
+    # end cuts at their grants (the ones in flight when it is spent). 8 slots: the budget's horizon is far
+    # past 48 until its end (2000 / 8), so the first generations are granted their whole want
+    sim = sim_factory(fixed_output_len=100, max_running_requests=8)
     name = unique("capped")
     config = write_config(
         tmp_path,
         redis_url=fleet_redis_url,
         servers=[sim.url],
-        datasets=[{"name": name, "rows": token_rows(60, seed=4), "token_budget": 1000}],
+        datasets=[{"name": name, "rows": token_rows(60, seed=4), "token_budget": 2000}],
         sampling={"max_new_tokens": 48, "temperature": 0.7},
     )
 
@@ -165,19 +166,22 @@ def test_a_generation_cut_by_its_budget_reservation_is_truncated_not_a_max_new_h
 
     snap = fleet_ledger.snapshot(name)
     records = export(fleet_ledger, name, tmp_path)
-    assert (snap.state, snap.tokens, snap.samples) == ("exhausted", 1000, 21)
-    assert sorted(r["completion_tokens"] for r in records) == [40] + [48] * 20
-    assert [r["hit_max_new"] for r in records if r["truncated"]] == [False]
-    assert (snap.hit_max_new, snap.truncated) == (20, 1)
+    whole = [r for r in records if r["completion_tokens"] == 48]
+    cut = [r for r in records if r["completion_tokens"] < 48]
+    assert (snap.state, snap.tokens, snap.samples) == ("exhausted", 2000, len(records))
+    assert whole and cut and len(whole) + len(cut) == len(records)
+    assert all(r["hit_max_new"] and not r["truncated"] for r in whole)
+    assert all(r["truncated"] and not r["hit_max_new"] for r in cut)
+    assert (snap.hit_max_new, snap.truncated) == (len(whole), len(cut))
     assert snap.reasoning_tokens == 0  # the simulator reports none by default
 
     figures = status_figures(fleet_redis_url, capsys, name)
-    assert figures["hit_max_new"] == 20
-    assert figures["hit_max_new_share"] == round(20 / 21, 4)
+    assert figures["hit_max_new"] == len(whole)
+    assert figures["hit_max_new_share"] == round(len(whole) / len(records), 4)
     # 48's bucket reaches 53; no sample is longer than 48
-    assert figures["tokens_per_sample_p50"] == figures["tokens_per_sample_p95"] == 48
+    assert figures["tokens_per_sample_p95"] == 48
     assert figures["longest_sample_tokens"] == 48
-    assert figures["projected_final_tokens"] == 1000
+    assert figures["projected_final_tokens"] == 2000
 
 
 def test_reconcile_rebuilds_reasoning_hits_and_lengths_from_the_records(

@@ -25,7 +25,8 @@ from budget import (
     UnknownDataset,
 )
 from budget.keys import DATASETS_SET, dataset_keys
-from tests.support.ledger import DS, MAX_NEW, SPEC, commit_new, lease, make
+from tests.redis.grants import commit_whole
+from tests.support.ledger import DS, MAX_NEW, SPEC, commit_new, lease, make, start
 from tests.support.snapshots import snapshot_of
 
 pytestmark = pytest.mark.redis
@@ -54,10 +55,15 @@ def test_register_creates_an_active_dataset_with_zero_counters_and_its_spec(ledg
 
 
 def test_register_stores_the_specs_max_new_tokens_for_admits_that_want_the_default(ledger: Ledger) -> None:
-    make(ledger, token_budget=1000)
+    make(ledger, token_budget=1000, on_budget="discard")  # discard reserves the whole want at admission
     assert lease(ledger, "s1") == MAX_NEW
 
-    make(ledger, token_budget=1000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 10}})
+    make(
+        ledger,
+        token_budget=1000,
+        on_budget="discard",
+        spec={"servers": ["s"], "sampling": {"max_new_tokens": 10}},
+    )
 
     assert lease(ledger, "s2") == 10
     assert ledger.snapshot(DS).reserved_tokens == MAX_NEW + 10  # s1's reservation is kept
@@ -109,7 +115,7 @@ def test_register_again_resets_source_done_for_the_new_submit(ledger: Ledger) ->
 
 def test_raising_the_budget_of_an_exhausted_dataset_on_register_makes_it_active_again(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    commit_new(ledger, "s1", 100)
+    commit_whole(ledger, "s1", 100)
     assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
 
     assert make(ledger, token_budget=101) == DatasetState.ACTIVE
@@ -229,7 +235,7 @@ def test_set_limits_lowering_the_budget_below_spent_tokens_exhausts_the_dataset(
 
 def test_raising_the_budget_of_an_exhausted_dataset_makes_it_active_again(ledger: Ledger) -> None:
     make(ledger, token_budget=300)
-    commit_new(ledger, "s1", 300)
+    commit_whole(ledger, "s1", 300)
     assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
 
     assert ledger.set_limits(DS, token_budget=301) == DatasetState.ACTIVE
@@ -406,13 +412,14 @@ def test_a_revoked_dataset_with_nothing_in_flight_is_settled_in_redis(ledger: Le
 def test_forget_deletes_every_key_of_the_dataset_and_only_that_one(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=10_000)  # a budget: s3's admit reserves tokens
+    make(ledger, token_budget=10_000)  # a budget: s3's grant reserves tokens, and puts it on the clock
     make(ledger, "other")
     commit_new(ledger, "s1", 4)
     commit_new(ledger, "s1", 4, name="other")
     ledger.fail(DS, "s2", "a", "bad")
     ledger.enqueue(DS, ["s3", "s4"], window=10)
     ledger.admit(DS, "s3", "a")
+    assert start(ledger, "s3", "a", 8) == 8
     ledger.renew_many(DS, [("s3", "a", 2)])
     ledger.unqueue(DS, ["s4"], "publish failed")
     ledger.set_identity(DS, epoch="e1")

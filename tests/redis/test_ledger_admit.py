@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
+from budget.ledger import GRANT_AT_SEND
 from tests.support.ledger import (
     DS,
     MAX_NEW,
@@ -16,6 +17,7 @@ from tests.support.ledger import (
     SPEC,
     commit_new,
     expire_short_leases,
+    keys,
     lease,
     make,
     owner,
@@ -196,50 +198,56 @@ def test_a_redelivered_sample_whose_lease_expired_is_admitted_for_the_new_attemp
 # --- admit under a token budget: reservations ---------------------------------------------------------
 
 
-def test_admit_under_truncate_reserves_min_of_want_and_what_is_left_and_the_last_one_a_partial_cap(
+def test_admit_under_truncate_defers_the_grant_and_says_limit_once_no_new_generation_could_start(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
-    commit_new(ledger, "s0", 10)
+    assert [lease(ledger, f"s{i}", slots=2) for i in (1, 2)] == [50, 50]  # all of it, to the horizon
 
-    first = ledger.admit(DS, "s1", "a1")  # want 0: the dataset's max_new_tokens
-    second = ledger.admit(DS, "s2", "a1")  # 100 - 10 committed - 64 reserved = 26 left
+    # the two running will give back what they do not use: a third may be admitted, its grant comes later
     third = ledger.admit(DS, "s3", "a1")
+    assert (third.admission, third.cap) == (Admission.OK, GRANT_AT_SEND)
 
-    assert (first.admission, first.cap) == (Admission.OK, MAX_NEW)
-    assert (second.admission, second.cap) == (Admission.OK, 26)
-    assert (third.admission, third.cap, third.state) == (Admission.LIMIT, 0, DatasetState.ACTIVE)
-    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": 26}
-    assert pending(redis_client) == {"s3": "limit"}
-    snap = ledger.snapshot(DS)
-    assert (snap.tokens, snap.reserved_tokens, snap.state) == (10, 90, DatasetState.ACTIVE)
+    # they have used 45 each (0.45 s at 100 tokens/s): 10 left to generate, for two
+    seconds, micros = redis_client.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    k = keys()
+    redis_client.hset(k.clock_hash, mapping={"s1": now - 450, "s2": now - 450})
+    redis_client.hset(k.ledger_hash, mapping={"clock_sum": 2 * (now - 450), "gen_rate": 100})
+    fourth = ledger.admit(DS, "s4", "a1")
+
+    assert (fourth.admission, fourth.cap, fourth.state) == (Admission.LIMIT, 0, DatasetState.ACTIVE)
+    assert reservations(redis_client) == {"s1": 50, "s2": 50}
+    assert pending(redis_client) == {"s4": "limit"}
 
 
-def test_admit_under_truncate_reserves_what_is_wanted_when_it_fits(ledger: Ledger) -> None:
+def test_a_start_under_truncate_grants_what_is_wanted_when_it_fits(ledger: Ledger) -> None:
     make(ledger, token_budget=1000)
 
     # a conversation that regenerates three replies may want three times max_new_tokens
-    assert lease(ledger, "s1", want=3 * MAX_NEW) == 3 * MAX_NEW
-    assert lease(ledger, "s2", want=5) == 5
+    assert lease(ledger, "s1", want=3 * MAX_NEW, slots=2) == 3 * MAX_NEW
+    assert lease(ledger, "s2", want=5, slots=2) == 5
 
     assert ledger.snapshot(DS).reserved_tokens == 3 * MAX_NEW + 5
 
 
-def test_admit_under_discard_reserves_what_is_wanted_whole_or_says_limit(
+def test_admit_under_discard_says_limit_once_committed_live_and_the_expected_length_in_flight_pass_the_budget(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=150, on_budget="discard")
 
-    assert lease(ledger, "s1") == MAX_NEW
-    assert lease(ledger, "s2") == MAX_NEW
-    # 22 left: never a partial reservation, whose answer would be cut
-    cut = ledger.admit(DS, "s3", "a1")
-    assert (cut.admission, cut.cap) == (Admission.LIMIT, 0)
-    assert lease(ledger, "s4", want=22) == 22  # a generation that wants no more than is left still fits
+    # nothing committed yet: a generation is expected to be max_new_tokens (64) long; the pool is 151
+    assert lease(ledger, "s1") == MAX_NEW  # 1 x 64 <= 150; 151 holds 64
+    assert (
+        lease(ledger, "s2") == MAX_NEW
+    )  # 2 x 64 <= 150; 87 left holds the whole want (discard: all or none)
+    # 3 x 64 = 192 > 150: a third is expected to pass the budget, whatever is left to grant
+    third = ledger.admit(DS, "s3", "a1", want=5)
+    assert (third.admission, third.cap) == (Admission.LIMIT, 0)
 
-    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": MAX_NEW, "s4": 22}
+    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": MAX_NEW}
     assert pending(redis_client) == {"s3": "limit"}
-    assert ledger.snapshot(DS).reserved_tokens == 150
+    assert ledger.snapshot(DS).reserved_tokens == 2 * MAX_NEW
 
 
 def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_client: redis.Redis) -> None:
@@ -252,21 +260,24 @@ def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_cli
     assert ledger.snapshot(DS).reserved_tokens == 0
 
 
-def test_admit_with_want_zero_reserves_the_max_new_tokens_register_stored(ledger: Ledger) -> None:
-    make(ledger, token_budget=1000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 300}})
+def test_admit_with_want_zero_grants_up_to_the_max_new_tokens_register_stored(ledger: Ledger) -> None:
+    spec = {"servers": ["s"], "sampling": {"max_new_tokens": 300}}
+    make(ledger, token_budget=10_000, on_budget="discard", spec=spec)
 
+    # discard grants at admission the whole want: the max_new_tokens register stored
     assert lease(ledger, "s1") == 300
     assert lease(ledger, "s2") == 300
     assert lease(ledger, "s3") == 300
-    assert lease(ledger, "s4") == 1000 - 900
+    assert ledger.snapshot(DS).reserved_tokens == 900
 
 
-def test_live_tokens_take_no_part_in_the_reservation(ledger: Ledger) -> None:
-    make(ledger, token_budget=100)
+def test_live_tokens_take_no_part_in_the_grant(ledger: Ledger) -> None:
+    make(ledger, token_budget=306)
     assert lease(ledger, "s1", want=50) == 50
     assert report_live(ledger, "s1", "a1", 50)  # status only: the 50 are already reserved
 
-    assert lease(ledger, "s2") == 50
+    # 256 left whatever is live: a 1/2 share per generation (2) holds the whole 64
+    assert lease(ledger, "s2") == MAX_NEW
     assert ledger.snapshot(DS).live_tokens == 50
 
 
@@ -321,43 +332,43 @@ def test_a_group_admit_under_drain_applies_the_expected_rule_to_each_sample_in_t
 def test_admit_many_gives_each_sample_its_own_verdict_and_cap_in_one_call(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=200)
+    make(ledger, token_budget=120)
     commit_new(ledger, "done", 10)
     ledger.fail(DS, "failed", "x", "HTTP 400")
-    lease(ledger, "held", "other", want=20)
-    # left: 200 - 10 committed - 20 reserved = 170
+    assert lease(ledger, "held", "other", want=20, slots=2) == 20
 
     group = ledger.admit_many(
         DS,
         [
-            ("s1", "a1", 0),  # 64
+            ("s1", "a1", 0),
             ("done", "a1", 0),
             ("s1", "a2", 0),  # the same sample twice in one group: the second is a duplicate delivery
             ("failed", "a1", 0),
             ("held", "a1", 0),
-            ("s2", "a1", 100),  # 100 of the 106 left
-            ("s3", "a1", 0),  # 6 left: the last one's partial cap
-            ("s4", "a1", 0),  # nothing left
+            ("s2", "a1", 10),
+            ("s3", "a1", 0),
+            ("s4", "a1", 0),
         ],
     )
 
     assert group.state == DatasetState.ACTIVE
     assert group.spec == SPEC
+    # truncate: each admitted one is granted once it has a server slot
     assert group.results == [
-        (Admission.OK, MAX_NEW),
+        (Admission.OK, GRANT_AT_SEND),
         (Admission.DONE, 0),
         (Admission.LEASED, 0),
         (Admission.FAILED, 0),
         (Admission.LEASED, 0),
-        (Admission.OK, 100),
-        (Admission.OK, 6),
-        (Admission.LIMIT, 0),
+        (Admission.OK, GRANT_AT_SEND),
+        (Admission.OK, GRANT_AT_SEND),
+        (Admission.OK, GRANT_AT_SEND),
     ]
     assert (owner(redis_client, "s1"), owner(redis_client, "held")) == ("a1", "other")
-    assert reservations(redis_client) == {"held": 20, "s1": MAX_NEW, "s2": 100, "s3": 6}
-    assert pending(redis_client) == {"s4": "limit"}
+    assert reservations(redis_client) == {"held": 20}
+    assert pending(redis_client) == {}
     snap = ledger.snapshot(DS)
-    assert (snap.reserved_tokens, snap.inflight, snap.pending) == (190, 4, 1)
+    assert (snap.reserved_tokens, snap.inflight, snap.pending) == (20, 5, 0)
 
 
 def test_admit_many_takes_every_sample_of_the_group_out_of_the_queue(ledger: Ledger) -> None:
@@ -417,11 +428,11 @@ def test_admit_many_of_an_unknown_dataset_says_unknown_for_each_sample(ledger: L
 
 def test_progress_continues_while_the_dataset_runs_and_the_budget_is_not_overdrawn(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    lease(ledger, "s1")  # 64
-    lease(ledger, "s2")  # 36: the whole budget is reserved, and that is no reason to stop
+    assert [lease(ledger, f"s{i}", slots=2) for i in range(1, 3)] == [50, 50]
 
-    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
-    assert progress(ledger, "s2", "a1") is Progress.CONTINUE
+    # the whole budget is granted, and that is no reason to stop
+    for i in range(1, 3):
+        assert progress(ledger, f"s{i}", "a1") is Progress.CONTINUE
     assert ledger.snapshot(DS).reserved_tokens == 100
 
 

@@ -6,8 +6,9 @@ reservation, as the server stops it there), then mostly commits, sometimes relea
 told ``leased`` sometimes commits anyway (an attempt that lost its lease but finished). Whatever the
 interleaving, the ledger must count each sample once, with the tokens of the attempt whose commit won.
 
-Then workers admitting groups and committing batches under a token budget: committed + discarded +
-reserved never passes the budget, read at any moment by a watcher thread.
+Then workers admitting groups, asking more for some (extend), and committing batches under a token budget:
+committed + discarded + reserved never passes what the budget may grant (the budget under truncate, the
+budget plus 1% under discard), read at any moment by a watcher thread.
 """
 
 from __future__ import annotations
@@ -19,7 +20,18 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
-from budget import Admission, CommitItem, CommitOutcome, DatasetLimits, DatasetState, Ledger
+from budget import (
+    Admission,
+    CommitItem,
+    CommitOutcome,
+    DatasetLimits,
+    DatasetState,
+    GrantAsk,
+    GrantKind,
+    Ledger,
+)
+from budget.ledger import GRANT_AT_SEND
+from tests.redis.grants import clock_agrees, grant_pool, overdrawn
 from tests.support.ledger import budget_taken
 
 pytestmark = pytest.mark.redis
@@ -159,6 +171,8 @@ BUDGET = 2000
 class GroupJournal:
     committed: int = 0
     limited: int = 0
+    #: asks for more answered with more than the grant held
+    extended: int = 0
     #: committed + discarded + reserved, read right after each of this worker's admits and commits
     seen: list[int] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
@@ -172,8 +186,10 @@ def _group_worker(
     barrier: threading.Barrier,
     journal: GroupJournal,
 ) -> None:
-    """Admit each group in one call, generate at most each cap, and end the batch in one commit_many
-    (now and then a release, counted against the budget under discard, or a fail)."""
+    """Admit each group in one call, (truncate) ask their grants at once as if each had a server slot, ask
+    more for about half of the batch in one call (up to the dataset's max_new_tokens), generate at most
+    each grant, and end the batch in one commit_many (now and
+    then a release, counted against the budget under discard, or a fail)."""
     rng = random.Random(2000 + worker)
     ledger = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
     try:
@@ -183,13 +199,43 @@ def _group_worker(
             admitted = ledger.admit_many(DS, [(sid, attempt, 0) for sid in group])
             journal.seen.append(budget_taken(ledger.client, DS))
             items: list[CommitItem] = []
+            grants: dict[str, int] = {}
             for sid, (verdict, cap) in zip(group, admitted.results, strict=True):
                 if verdict is Admission.LIMIT:
                     journal.limited += 1
-                if verdict is not Admission.OK:
-                    continue
-                assert cap >= 1
-                tokens = rng.randint((cap + 1) // 2, cap)  # the server stops at max_new_tokens = cap
+                if verdict is Admission.OK:
+                    assert cap == GRANT_AT_SEND if on_budget == "truncate" else 1 <= cap <= MAX_NEW
+                    grants[sid] = cap
+            starting = [sid for sid, cap in grants.items() if cap == GRANT_AT_SEND]
+            if starting:  # truncate: granted when they have a slot (8 slots here)
+                got = ledger.grant_many(
+                    DS, [GrantAsk(sid, attempt, GrantKind.START, MAX_NEW) for sid in starting], slots=8
+                )
+                journal.seen.append(budget_taken(ledger.client, DS))
+                for sid, grant in zip(starting, got, strict=True):
+                    assert grant != 0  # the lease is held
+                    if grant < 0:  # none now: the sample goes back
+                        journal.limited += 1
+                        ledger.release(DS, sid, attempt, "limit")
+                        del grants[sid]
+                    else:
+                        assert 1 <= grant <= MAX_NEW
+                        grants[sid] = grant
+            asks = [
+                GrantAsk(sid, attempt, GrantKind.MORE, MAX_NEW - cap)
+                for sid, cap in grants.items()
+                if rng.random() < 0.5
+            ]
+            if asks:
+                after = ledger.grant_many(DS, asks, slots=8)
+                journal.seen.append(budget_taken(ledger.client, DS))
+                for ask, grant in zip(asks, after, strict=True):
+                    sid = ask.sample_id
+                    assert grants[sid] <= grant <= grants[sid] + ask.value  # the lease is held: never 0
+                    journal.extended += grant > grants[sid]
+                    grants[sid] = grant
+            for sid, cap in grants.items():
+                tokens = rng.randint((cap + 1) // 2, cap)  # the worker aborts its stream at its grant
                 ledger.renew_many(DS, [(sid, attempt, tokens // 2)])
                 roll = rng.random()
                 if roll < 0.85:
@@ -235,17 +281,22 @@ def test_committed_discarded_and_reserved_tokens_never_pass_the_budget_under_con
     assert [e for j in journals for e in j.errors] == []
 
     seen += [n for j in journals for n in j.seen]
-    assert max(seen) <= BUDGET
+    pool = grant_pool(on_budget, BUDGET)  # 2000 under truncate, 2020 under discard
+    assert max(seen) <= pool
     snap = ledger.snapshot(DS)
     spent = snap.tokens + snap.discarded_tokens
-    assert spent <= BUDGET
+    assert spent <= pool
+    assert overdrawn(redis_client, DS) == 0  # no stream passed its grant here
     assert (snap.reserved_tokens, snap.live_tokens, snap.inflight) == (0, 0, 0)
     assert redis_client.hlen(ledger.keys_of(DS).reserved_hash) == 0
+    assert clock_agrees(redis_client, DS)
     # the budget was contended: admits were turned away for it, and most of it was spent
     assert sum(j.limited for j in journals) > 0
+    if on_budget == "truncate":  # discard grants the whole want at once: nothing more to ask
+        assert sum(j.extended for j in journals) > 0
     assert spent > BUDGET // 2
     assert snap.samples == sum(j.committed for j in journals)
     if on_budget == "truncate":
         assert (snap.state == DatasetState.EXHAUSTED) is (spent >= BUDGET)
-    else:
+    else:  # less than a whole max_new_tokens left
         assert (snap.state == DatasetState.EXHAUSTED) is (BUDGET - spent < MAX_NEW)

@@ -9,6 +9,8 @@ import pytest
 import redis
 
 from budget import Admission, CommitItem, CommitOutcome, DatasetState, Ledger
+from budget.ledger import GRANT_WAIT
+from tests.redis.grants import clock_agrees, commit_whole, overdrawn
 from tests.support.ledger import (
     DS,
     MAX_NEW,
@@ -17,10 +19,12 @@ from tests.support.ledger import (
     expire_short_leases,
     lease,
     make,
+    more,
     owner,
     pending,
     report_live,
     reservations,
+    start,
 )
 
 pytestmark = pytest.mark.redis
@@ -90,17 +94,17 @@ def test_commit_marks_a_truncated_generation(ledger: Ledger) -> None:
 
 def test_commit_sets_exhausted_when_the_budget_is_reached(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
-    commit_new(ledger, "s1", 99)
+    commit_whole(ledger, "s1", 99)
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
-    commit_new(ledger, "s2", 1)
+    commit_whole(ledger, "s2", 1)
 
     assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
 
 
 def test_commit_past_the_budget_is_still_counted_under_truncate(ledger: Ledger) -> None:
-    make(ledger, token_budget=200)
-    assert lease(ledger, "s1", want=100) == 100
+    make(ledger, token_budget=1000)
+    assert lease(ledger, "s1", want=100) == 100  # far from the end: the whole want
     assert lease(ledger, "s2", want=100) == 100
     ledger.set_limits(DS, token_budget=100)  # lowered while both run: s2 is cut, its part still counts
     ledger.commit(DS, "s1", "a1", 100)
@@ -155,29 +159,34 @@ def test_commit_clears_the_sample_from_pending(ledger: Ledger, redis_client: red
     assert ledger.snapshot(DS).samples == 1
 
 
-def test_commit_gives_back_the_reservation_it_did_not_use(ledger: Ledger, redis_client: redis.Redis) -> None:
+def test_commit_gives_back_the_grant_it_did_not_use(ledger: Ledger, redis_client: redis.Redis) -> None:
     make(ledger, token_budget=100)
-    assert lease(ledger, "s1") == MAX_NEW
-    assert lease(ledger, "s2") == 100 - MAX_NEW
-    assert ledger.admit(DS, "s3", "a1").admission is Admission.LIMIT
+    # three slots: each generation is granted a third of the budget (its horizon), 1 token is left
+    assert [lease(ledger, f"s{i}", slots=3) for i in (1, 2, 3)] == [33, 33, 33]
+    assert ledger.admit(DS, "s4", "a1").admission is Admission.OK
+    assert start(ledger, "s4", "a1", MAX_NEW, slots=3) == GRANT_WAIT  # granted away to running ones
 
     assert ledger.commit(DS, "s1", "a1", 20) is CommitOutcome.COMMITTED
 
-    assert reservations(redis_client) == {"s2": 36}
+    assert reservations(redis_client) == {"s2": 33, "s3": 33}
     snap = ledger.snapshot(DS)
-    assert (snap.tokens, snap.reserved_tokens, snap.state) == (20, 36, DatasetState.ACTIVE)
-    assert lease(ledger, "s3") == 100 - 20 - 36  # the 44 s1 did not use are free again
+    assert (snap.tokens, snap.reserved_tokens, snap.state) == (20, 66, DatasetState.ACTIVE)
+    # the 13 s1 did not use are free again, and go to the next generation that asks
+    assert more(ledger, "s2", "a1", 100) == 33 + 14
+    assert clock_agrees(redis_client)
 
 
-def test_commit_under_discard_exhausts_once_less_than_max_new_tokens_is_left(ledger: Ledger) -> None:
-    make(ledger, token_budget=200, on_budget="discard")
-    commit_new(ledger, "s1", 100)
-    commit_new(ledger, "s2", 36)  # 64 left: a whole reservation still fits
+def test_commit_under_discard_exhausts_once_less_than_max_new_tokens_is_left(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=100, on_budget="discard")
+    commit_new(ledger, "s1", 30)  # 70 left: a whole max_new_tokens (64) fits
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
-    commit_new(ledger, "s3", 1)  # 63 left
+    commit_new(ledger, "s2", 30)  # 40 left < 64: no generation may start with its whole want
 
-    assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
+    snap = ledger.snapshot(DS)
+    assert (snap.state, snap.tokens, overdrawn(ledger.client)) == (DatasetState.EXHAUSTED, 60, 0)
     assert ledger.enqueue(DS, ["s4"], window=10) == [-2]
 
 
@@ -222,7 +231,7 @@ def test_commit_many_counts_a_sample_listed_twice_in_one_batch_once(
     assert (snap.tokens, snap.samples, snap.wasted_tokens) == (17, 2, 10)
     # its reservation and live tokens are given back once, not twice
     assert (snap.reserved_tokens, snap.live_tokens, snap.inflight) == (0, 0, 0)
-    assert lease(ledger, "s3", want=1000) == 1000 - 17
+    assert lease(ledger, "s3", want=491) == 491  # the 983 left hold a 1/2 share of it whole, alone
 
 
 def test_commit_many_says_over_limit_once_max_samples_is_crossed_mid_batch(
@@ -301,13 +310,13 @@ def test_commit_many_of_no_generations_asks_nothing(ledger: Ledger) -> None:
 
 
 @pytest.mark.parametrize("end", ["commit", "fail", "release", "give_up", "reclaim"])
-def test_every_end_of_an_attempt_gives_its_reservation_back_to_the_budget(
+def test_every_end_of_an_attempt_gives_its_grant_back_to_the_budget(
     ledger: Ledger, redis_client: redis.Redis, end: str
 ) -> None:
-    make(ledger, token_budget=100)
-    assert lease(ledger, "s1", lease_ms=SHORT_MS if end == "reclaim" else 60_000, want=70) == 70
-    assert lease(ledger, "s2") == 30
-    assert ledger.enqueue(DS, ["s3"], window=10) == [-3]  # all of it reserved
+    make(ledger, token_budget=64)
+    assert lease(ledger, "s1", lease_ms=SHORT_MS if end == "reclaim" else 60_000, want=32, slots=2) == 32
+    assert lease(ledger, "s2", want=16, slots=2) == 16
+    assert more(ledger, "s2", "a1", 100) == 32  # the last of the budget
 
     if end == "commit":
         assert ledger.commit(DS, "s1", "a1", 0) is CommitOutcome.COMMITTED  # an empty answer
@@ -321,10 +330,10 @@ def test_every_end_of_an_attempt_gives_its_reservation_back_to_the_budget(
         expire_short_leases(ledger.client)
         assert ledger.reclaim(DS) == 1
 
-    assert reservations(redis_client) == {"s2": 30}
-    assert ledger.snapshot(DS).reserved_tokens == 30
-    assert ledger.enqueue(DS, ["s3"], window=10) == [1]
-    assert lease(ledger, "s3", want=70) == 70  # the budget is free again
+    assert reservations(redis_client) == {"s2": 32}
+    assert ledger.snapshot(DS).reserved_tokens == 32
+    assert clock_agrees(redis_client)  # s1 is off the clock
+    assert lease(ledger, "s3", want=16, slots=2) == 16  # the budget is free again
 
 
 # --- fail -------------------------------------------------------------------------------------------
@@ -391,21 +400,21 @@ def test_release_counting_against_the_budget_adds_discarded_tokens_and_can_exhau
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=150, on_budget="discard")
-    lease(ledger, "s1", want=30)
-    lease(ledger, "s2", want=25)
-    commit_new(ledger, "s0", 50)
+    commit_new(ledger, "s0", 50)  # the mean committed length: 50
+    assert lease(ledger, "s1", want=30) == 30
     report_live(ledger, "s1", "a1", 30)
-    report_live(ledger, "s2", "a1", 25)
 
     assert ledger.release(DS, "s1", "a1", "discarded", 30, counts_against_budget=True) == DatasetState.ACTIVE
+    assert lease(ledger, "s2", want=25) == 25  # 80 spent + a mean answer fit
+    report_live(ledger, "s2", "a1", 25)
     assert (
         ledger.release(DS, "s2", "a1", "discarded", 25, counts_against_budget=True) == DatasetState.EXHAUSTED
     )
 
     snap = ledger.snapshot(DS)
     assert (snap.tokens, snap.discarded_tokens, snap.wasted_tokens, snap.live_tokens) == (50, 55, 55, 0)
-    assert snap.reserved_tokens == 0
-    assert snap.state == DatasetState.EXHAUSTED  # 150 - 105 spent < a whole max_new_tokens (64)
+    assert (snap.reserved_tokens, overdrawn(ledger.client)) == (0, 0)
+    assert snap.state == DatasetState.EXHAUSTED  # 150 - 105 spent < a mean answer (50)
     assert pending(redis_client) == {"s1": "discarded", "s2": "discarded"}
 
 
@@ -475,20 +484,21 @@ def test_reclaim_with_no_lease_expired_changes_nothing(ledger: Ledger) -> None:
     assert (snap.inflight, snap.pending, snap.live_tokens, snap.reclaimed) == (1, 0, 3, 0)
 
 
-def test_reclaim_gives_back_the_budget_reserved_by_a_dead_worker(
+def test_reclaim_gives_back_the_budget_granted_to_a_dead_worker(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=100)
-    assert lease(ledger, "s1", lease_ms=SHORT_MS, want=100) == 100
-    assert ledger.enqueue(DS, ["s2"], window=10) == [-3]
+    make(ledger, token_budget=16)
+    assert lease(ledger, "s1", lease_ms=SHORT_MS) == 16  # the whole budget
+    assert ledger.admit(DS, "s2", "a1").admission is Admission.OK
+    assert start(ledger, "s2", "a1", MAX_NEW) == GRANT_WAIT  # all of it granted to s1
     expire_short_leases(ledger.client)
 
     assert ledger.reclaim(DS) == 1
 
     assert reservations(redis_client) == {}
     assert ledger.snapshot(DS).reserved_tokens == 0
-    assert ledger.enqueue(DS, ["s2"], window=10) == [1]
-    assert lease(ledger, "s2", want=100) == 100
+    assert start(ledger, "s2", "a1", MAX_NEW) == 16
+    assert clock_agrees(redis_client)
 
 
 def test_reclaim_does_not_make_a_committed_sample_pending(ledger: Ledger) -> None:
@@ -507,16 +517,16 @@ def test_reclaim_does_not_make_a_committed_sample_pending(ledger: Ledger) -> Non
 
 
 def test_a_commit_without_the_lease_is_refused_where_the_budget_has_no_room_for_it(ledger: Ledger) -> None:
-    # An attempt whose lease expired holds no reservation: its late commit must not push committed +
-    # reserved past the budget (truncate, discard). Where there is room it still counts.
-    make(ledger, token_budget=100)
-    assert lease(ledger, "s1", "new", want=70) == 70  # the sample's new attempt reserves 70
-    assert lease(ledger, "s2", "a1", want=20) == 20
+    # An attempt whose lease expired holds no grant: its late commit must not push committed + reserved
+    # past the budget (truncate, discard). Where there is room it still counts.
+    make(ledger, token_budget=40)
+    assert lease(ledger, "s1", "new", want=20) == 20  # the sample's new attempt is granted 20
+    assert lease(ledger, "s2", "a1", want=4) == 4  # 20 left: all it wants
 
-    outcomes = ledger.commit_many(DS, [CommitItem("s1", "old", 15), CommitItem("s3", "old", 10)])
+    outcomes = ledger.commit_many(DS, [CommitItem("s1", "old", 17), CommitItem("s3", "old", 16)])
 
-    # s1: 0 committed + 90 reserved + 15 > 100: refused; s3: 90 + 10 fits
+    # s1: 0 committed + 24 reserved + 17 > 40: refused; s3: 24 + 16 fits
     assert outcomes == [CommitOutcome.OVER_LIMIT, CommitOutcome.COMMITTED]
     snap = ledger.snapshot(DS)
-    assert (snap.tokens, snap.reserved_tokens, snap.wasted_tokens) == (10, 90, 15)
-    assert snap.tokens + snap.reserved_tokens <= 100
+    assert (snap.tokens, snap.reserved_tokens, snap.wasted_tokens) == (16, 24, 17)
+    assert snap.tokens + snap.reserved_tokens <= 40

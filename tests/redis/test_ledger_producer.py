@@ -13,12 +13,12 @@ from budget.ledger import (
     ENQUEUE_SKIP,
     ENQUEUE_WINDOW_FULL,
 )
+from tests.redis.grants import set_clock
 from tests.support.ledger import DS, MAX_NEW, commit_new, lease, make, queued, report_live
 
 pytestmark = pytest.mark.redis
 
 PUB, SKIP, FULL = ENQUEUE_PUBLISH, ENQUEUE_SKIP, ENQUEUE_WINDOW_FULL
-
 
 # --- enqueue ----------------------------------------------------------------------------------------
 
@@ -127,19 +127,16 @@ def test_enqueue_returns_not_active_for_an_exhausted_dataset(ledger: Ledger) -> 
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_NOT_ACTIVE]
 
 
-def test_enqueue_under_truncate_returns_budget_in_flight_once_reservations_take_the_rest_of_the_budget(
+def test_enqueue_returns_budget_in_flight_where_admit_would_say_limit_with_the_budget_granted(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=100)
     commit_new(ledger, "c", 10)
-    assert lease(ledger, "s1") == MAX_NEW
-    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]  # 26 left: a partial cap still starts
+    assert [lease(ledger, sid, want=30) for sid in ("s1", "s2", "s3")] == [30, 30, 30]
+    assert ledger.admit(DS, "s4", "a1").admission is Admission.LIMIT  # nothing left to grant
 
-    assert lease(ledger, "s2") == 26  # 10 + 64 + 26 = 100
-
-    assert ledger.snapshot(DS).state == DatasetState.ACTIVE
-    assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
-    assert queued(redis_client) == set()
+    # a sample published now would only be turned away by admit and published again, and again
+    assert ledger.enqueue(DS, ["s5"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
 
 def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) -> None:
@@ -150,20 +147,23 @@ def test_enqueue_under_truncate_is_not_blocked_by_live_tokens(ledger: Ledger) ->
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
 
-def test_enqueue_under_discard_returns_budget_in_flight_once_less_than_max_new_tokens_is_free(
+def test_enqueue_under_discard_returns_budget_in_flight_once_the_answers_expected_in_flight_no_longer_fit(
     ledger: Ledger,
 ) -> None:
-    make(ledger, token_budget=200, on_budget="discard")
-    commit_new(ledger, "c", 1)
-    assert ledger.admit(DS, "d", "a").admission is Admission.OK
-    ledger.release(DS, "d", "a", "discarded", thrown_away_tokens=30, counts_against_budget=True)
-    assert lease(ledger, "l", "a") == MAX_NEW
-    # 200 - 1 committed - 30 discarded - 64 reserved = 105: room for a whole reservation
+    make(ledger, token_budget=1000, on_budget="discard")
+    commit_new(ledger, "c", 250)  # the mean committed length: 250
+    assert lease(ledger, "l", "a") == MAX_NEW  # far from the end: the whole want
+    # 250 committed + 2 in flight x 250 = 750 <= 1000
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
+    assert lease(ledger, "s1", "a") == MAX_NEW
+    # 250 + 3 x 250 = 1000 <= 1000: one more fits
+    assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
-    assert lease(ledger, "s1", "a", want=42) == 42  # 63 free now, less than max_new_tokens
+    # what runs has produced more than the 3 x 250 expected of it: 250 + 751 > 1000, though the pool has room
+    report_live(ledger, "l", "a", 751)
 
-    assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
+    assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
+    assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
 
@@ -181,9 +181,12 @@ def test_enqueue_under_drain_counts_committed_live_and_expected_tokens_against_t
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
 
-def test_enqueue_publishes_again_once_a_reservation_is_given_back(ledger: Ledger) -> None:
-    make(ledger, token_budget=100)
-    assert lease(ledger, "s1", "a", want=100) == 100
+def test_enqueue_publishes_again_once_a_grant_is_given_back(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=16)
+    assert lease(ledger, "s1", "a") == 16  # the whole budget: none runs, so what is left
+    set_clock(redis_client, "s1", 100, 100.0)  # it has used 10 of it: 6 left to generate, all its own
     assert ledger.enqueue(DS, ["s2"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
     ledger.release(DS, "s1", "a", "worker shutdown", thrown_away_tokens=40)

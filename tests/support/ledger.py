@@ -6,8 +6,9 @@ from typing import Any
 
 import redis
 
-from budget import Admission, CommitOutcome, DatasetLimits, Ledger, Progress
+from budget import Admission, CommitOutcome, DatasetLimits, GrantAsk, GrantKind, Ledger, Progress
 from budget.keys import DatasetKeys, dataset_keys, server_keys
+from budget.ledger import GRANT_AT_SEND
 
 DS = "ds"
 #: The dataset's max_new_tokens (``SPEC["sampling"]``): what admit reserves for a generation that asks
@@ -54,19 +55,53 @@ def make(
 
 
 def lease(
-    ledger: Ledger, sid: str, attempt: str = "a1", lease_ms: int = 60_000, name: str = DS, want: int = 0
+    ledger: Ledger,
+    sid: str,
+    attempt: str = "a1",
+    lease_ms: int = 60_000,
+    name: str = DS,
+    want: int = 0,
+    slots: int = 0,
 ) -> int:
-    """Admit ``sid`` for ``attempt`` (it must be admitted); returns the tokens reserved for it (its cap)."""
+    """Admit ``sid`` for ``attempt`` (it must be admitted); returns the tokens reserved for it (its cap). A
+    truncate budget's generation is granted as a worker's is once it has a server slot (a start ask, with
+    ``slots``), and that grant is returned (``GRANT_NOT_NOW``/``GRANT_WAIT`` where none)."""
     result = ledger.admit(name, sid, attempt, lease_ms=lease_ms, want=want)
     assert result.admission is Admission.OK, result
-    return result.cap
+    if result.cap != GRANT_AT_SEND:
+        return result.cap
+    return start(ledger, sid, attempt, want or MAX_NEW, name=name, slots=slots)
+
+
+def start(ledger: Ledger, sid: str, attempt: str, want: int, name: str = DS, slots: int = 0) -> int:
+    """A truncate budget's grant of an admitted generation that has its server slot (a start ask)."""
+    return ledger.grant_many(name, [GrantAsk(sid, attempt, GrantKind.START, want)], slots)[0]
+
+
+def more(ledger: Ledger, sid: str, attempt: str, wanted: int, name: str = DS, rate: float = 0.0) -> int:
+    """The grant in all after a generation that reached its grant asks ``wanted`` more (a more ask)."""
+    return ledger.grant_many(name, [GrantAsk(sid, attempt, GrantKind.MORE, wanted, rate)])[0]
+
+
+def end(ledger: Ledger, sid: str, attempt: str, tokens: int, name: str = DS, rate: float = 0.0) -> int:
+    """A generation ended with ``tokens``, before its grant: the rest goes back (an end ask)."""
+    return ledger.grant_many(name, [GrantAsk(sid, attempt, GrantKind.END, tokens, rate)])[0]
 
 
 def commit_new(ledger: Ledger, sid: str, tokens: int, truncated: bool = False, name: str = DS) -> None:
-    """Admit ``sid`` with a fresh attempt, wanting ``tokens`` (its reservation, so the budget has room
-    for it), and commit ``tokens`` for it."""
-    lease(ledger, sid, f"{sid}-a1", name=name, want=max(1, tokens))
-    assert ledger.commit(name, sid, f"{sid}-a1", tokens, truncated) is CommitOutcome.COMMITTED
+    """Admit ``sid`` with a fresh attempt wanting ``tokens``, and commit ``tokens`` for it. Under a token
+    budget (truncate, discard) its grant may be less than it wants near the end: it asks for more, as a
+    worker whose request reached its grant does, until the grant holds them all, so the commit overdraws
+    nothing. The budget must have room for them: an ask that gets nothing fails the test (a test that means
+    to commit past a grant does it by hand)."""
+    attempt = f"{sid}-a1"
+    grant = lease(ledger, sid, attempt, name=name, want=max(1, tokens))
+    # cap 0: no grants (no token budget, or drain), nothing to extend
+    while 0 < grant < tokens:
+        after = more(ledger, sid, attempt, tokens - grant, name=name)
+        assert after > grant, f"commit_new({sid!r}, {tokens}): the budget gave no more than {grant}"
+        grant = after
+    assert ledger.commit(name, sid, attempt, tokens, truncated) is CommitOutcome.COMMITTED
 
 
 def progress(ledger: Ledger, sid: str, attempt: str, lease_ms: int = 60_000, name: str = DS) -> Progress:

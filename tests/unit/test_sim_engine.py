@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import statistics
 from collections.abc import Awaitable, Callable
@@ -355,3 +356,29 @@ def test_stats_count_generated_tokens_by_rid_prefix_and_reset_to_zero() -> None:
         assert engine.stats()["by_prefix"] == {}
 
     run_with_engine(FAST, scenario)
+
+
+def test_a_request_continuing_one_cut_at_its_max_new_tokens_goes_on_with_the_same_plan() -> None:
+    """A real model sent its prompt plus a partial answer goes on from the same context; so does the
+    simulator: the continued pieces join into the answer one uncapped request gives."""
+    prompt = [21, 22, 23, 24]
+    config = dataclasses.replace(FAST, fixed_output_len=50)
+    whole_plan = plan_output(prompt, SamplingSpec(max_new_tokens=500), config)
+
+    async def scenario(engine: SimEngine) -> None:
+        pieces: list[int] = []
+        reasons = []
+        for i, cap in enumerate((17, 20, 500)):
+            request = engine.submit(f"r{i}", [*prompt, *pieces], SamplingSpec(max_new_tokens=cap), None)
+            await until_done(request)
+            pieces += request.output_ids()
+            reasons.append(request.finish_reason)
+        assert pieces == list(whole_plan.token_ids)
+        assert [r["type"] for r in reasons] == ["length", "length", "stop"]
+        assert reasons[1] == {"type": "length", "length": 20}  # the piece's own max_new_tokens
+        # a prompt that merely looks like a continuation, but no request of it ended at its cap: its own plan
+        other = engine.submit("r9", [*prompt, *pieces[:5]], SamplingSpec(max_new_tokens=500), None)
+        await until_done(other)
+        assert list(other.output_ids()) != list(whole_plan.token_ids[5:])
+
+    run_with_engine(config, scenario)

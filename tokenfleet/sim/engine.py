@@ -16,6 +16,7 @@ import hashlib
 import math
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -314,21 +315,51 @@ def wanted_length(digest: bytes, config: SimConfig) -> int:
 def plan_output(
     prompt_ids: Sequence[int], sampling: SamplingSpec, config: SimConfig, sample: int = 0
 ) -> OutputPlan:
-    digest = prompt_digest(prompt_ids, sample)
-    wanted = wanted_length(digest, config)
-    # A separate stream for the tokens, so the length knobs never change which tokens come out.
-    rng = random.Random(digest[8:])
+    return _plan(PlanCursor.of(prompt_ids, sample, config), sampling, config)[0]
+
+
+@dataclass(slots=True)
+class PlanCursor:
+    """Where a prompt's plan stands: the tokens' random stream, the length it wants before EOS, and how
+    many tokens were drawn. A request that continues another (``SimEngine``: its prompt is the other's
+    prompt and output, that one having ended at its max_new_tokens) goes on from the other's cursor, as a
+    real model goes on with the same distribution over the same context; and costs only its own tokens."""
+
+    rng: random.Random
+    wanted: int
+    position: int = 0
+
+    @classmethod
+    def of(cls, prompt_ids: Sequence[int], sample: int, config: SimConfig) -> PlanCursor:
+        digest = prompt_digest(prompt_ids, sample)
+        # A separate stream for the tokens, so the length knobs never change which tokens come out.
+        return cls(random.Random(digest[8:]), wanted_length(digest, config))
+
+
+def _plan(cursor: PlanCursor, sampling: SamplingSpec, config: SimConfig) -> tuple[OutputPlan, PlanCursor]:
+    """The next ``sampling.max_new_tokens`` at most of the plan at ``cursor``, and the cursor after them
+    (``cursor`` itself is left as it was)."""
+    rng = random.Random()
+    rng.setstate(cursor.rng.getstate())
     stops = not sampling.ignore_eos  # SGLang's ignore_eos disables stop_token_ids too
     tokens: list[int] = []
-    for position in range(sampling.max_new_tokens):
-        if stops and position == wanted:
+    reason = length_reason(sampling.max_new_tokens)
+    for position in range(cursor.position, cursor.position + sampling.max_new_tokens):
+        if stops and position == cursor.wanted:
             tokens.append(config.eos_token_id)
-            return OutputPlan(tuple(tokens), stop_reason(config.eos_token_id))
+            reason = stop_reason(config.eos_token_id)
+            break
         token = _draw_token(rng, config)
         tokens.append(token)
         if stops and token in sampling.stop_token_ids:
-            return OutputPlan(tuple(tokens), stop_reason(token))
-    return OutputPlan(tuple(tokens), length_reason(sampling.max_new_tokens))
+            reason = stop_reason(token)
+            break
+    return OutputPlan(tuple(tokens), reason), PlanCursor(rng, cursor.wanted, cursor.position + len(tokens))
+
+
+#: Continuable prompts the simulator remembers (a request's prompt plus its output, the request having
+#: ended at its max_new_tokens: what a radix cache holds), at most this many, the oldest forgotten first.
+CONTINUATIONS_KEPT: Final = 8192
 
 
 def _draw_token(rng: random.Random, config: SimConfig) -> int:
@@ -429,12 +460,15 @@ class SimRequest:
         "finished_s",
         "internal",
         "num_retractions",
+        "origin",
         "outcome",
         "plan",
         "produced",
+        "prompt_ids",
         "prompt_tokens",
         "reported_prompt",
         "rid",
+        "sample",
         "stop_at",
         "wake",
         "wake_every",
@@ -453,6 +487,11 @@ class SimRequest:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.plan = plan
+        #: The plan's cursor after this request's tokens, and the ids it was sent (set by the engine):
+        #: what a continuation of it goes on from.
+        self.origin: PlanCursor | None = None
+        self.prompt_ids: Sequence[int] = ()
+        self.sample = 0
         self.wake_every = wake_every  # 0: wake only when the request ends
         self.internal = internal  # the /health probe: in no counter, stat or metric
         self.produced = 0
@@ -536,6 +575,8 @@ class SimEngine:
         #: ``/generate`` requests received, by rid prefix.
         self._requests_by_prefix: dict[str, int] = {}
         self._stats_prefix_len = 8
+        #: digest of a prompt + output of a request that ended at its max_new_tokens -> its plan's cursor.
+        self._continuations: OrderedDict[bytes, PlanCursor] = OrderedDict()
         self._work = asyncio.Event()
         self._stepped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -594,8 +635,15 @@ class SimEngine:
         if fault.kind is Fault.ERROR_503:
             self._counters.errors_503 += 1
             raise OverloadedError(QUEUE_FULL_MESSAGE)
-        plan = plan_output(prompt_ids, sampling, self.config, sample)
+        digest = prompt_digest(prompt_ids, sample)
+        cursor = self._continuations.get(digest)
+        if cursor is None:
+            cursor = PlanCursor(random.Random(digest[8:]), wanted_length(digest, self.config))
+        else:
+            self._continuations.move_to_end(digest)
+        plan, after = _plan(cursor, sampling, self.config)
         request = SimRequest(rid, len(prompt_ids), plan, stream_interval or 0, fault, internal=internal)
+        request.origin, request.prompt_ids, request.sample = after, prompt_ids, sample
         request.bad_token_id = first_bad_token(prompt_ids, self.config.vocab_size)
         request.finish_after_next_step = fail_after_first_token
         config = self.config
@@ -813,6 +861,18 @@ class SimEngine:
             self._retire(request, Outcome.ABORTED, abort_reason(ABORT_MESSAGE_WAITING_QUEUE))
         else:
             self._retire(request, Outcome.FINISHED, request.plan.finish_reason)
+            self._remember_continuation(request)
+
+    def _remember_continuation(self, request: SimRequest) -> None:
+        """A request that ended at its max_new_tokens may be continued: a later request whose prompt is
+        its prompt and output goes on with its plan."""
+        after = request.origin
+        if after is None or request.internal or request.plan.finish_reason.get("type") != FINISH_LENGTH:
+            return
+        key = prompt_digest([*request.prompt_ids, *request.output_ids()], request.sample)
+        self._continuations[key] = after
+        while len(self._continuations) > CONTINUATIONS_KEPT:
+            self._continuations.popitem(last=False)
 
     def _abort_now(self, request: SimRequest) -> None:
         queued = request.rid in self._waiting

@@ -1,0 +1,627 @@
+"""Budget grants against real Redis (budget/lua/_lib.lua "Reservations (grants)"): truncate's grants at send
+time to a common horizon (grant.lua: start, more, end), the clock that says what running generations used,
+the tokens committed past a grant (overdrawn_tokens), discard's admission rule and pool, and property-style
+runs of random interleavings that must never pass the pool nor lose track of the clock.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import redis
+
+from budget import Admission, CommitOutcome, DatasetState, GrantAsk, GrantKind, Ledger, Progress
+from budget.ledger import GRANT_AT_SEND, GRANT_NOT_NOW, GRANT_WAIT
+from tests.redis.grants import (
+    MORE_MIN,
+    RATE_WEIGHT,
+    clock_agrees,
+    clock_state,
+    commit_whole,
+    field,
+    grant_pool,
+    horizon,
+    overdrawn,
+    pool_taken,
+    set_clock,
+    start_grant,
+)
+from tests.support.ledger import (
+    DS,
+    MAX_NEW,
+    SHORT_MS,
+    budget_taken,
+    commit_new,
+    end,
+    expire_short_leases,
+    keys,
+    lease,
+    make,
+    more,
+    progress,
+    reservations,
+    start,
+)
+
+pytestmark = pytest.mark.redis
+
+
+def admitted(ledger: Ledger, *sids: str, attempt: str = "a1") -> None:
+    """Admit ``sids`` (a truncate budget's: granted at send time)."""
+    for sid in sids:
+        result = ledger.admit(DS, sid, attempt)
+        assert (result.admission, result.cap) == (Admission.OK, GRANT_AT_SEND), result
+
+
+# --- truncate: granted at send time, to a common horizon --------------------------------------------------
+
+
+def test_admit_under_truncate_reserves_nothing_and_leaves_the_grant_to_send_time(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+
+    admitted(ledger, "s1", "s2", "s3")
+
+    assert reservations(redis_client) == {}
+    assert ledger.snapshot(DS).inflight == 3
+
+
+def test_a_start_far_from_the_budgets_end_is_granted_its_whole_want(ledger: Ledger) -> None:
+    make(ledger, token_budget=100_000)
+
+    assert [lease(ledger, f"s{i}", want=MAX_NEW, slots=8) for i in range(8)] == [MAX_NEW] * 8
+
+
+def test_the_first_starts_share_the_budget_as_if_every_slot_of_its_servers_ran(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+
+    # ten slots: 100 each, and the ones that start later are not left with less (nothing is used yet)
+    grants = [lease(ledger, f"s{i}", want=500, slots=10) for i in range(10)]
+
+    assert grants == [100] * 10
+
+
+def test_without_the_slots_the_first_starts_share_the_budget_among_the_generations_admitted(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=1000)
+    admitted(ledger, *[f"s{i}" for i in range(5)])
+
+    assert start(ledger, "s0", "a1", 500, slots=0) == 200
+
+
+def test_the_starts_of_one_call_count_each_other_as_coming(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+    admitted(ledger, "s1", "s2", "s3", "s4")
+
+    asks = [GrantAsk(f"s{i}", "a1", GrantKind.START, 500) for i in (1, 2, 3, 4)]
+
+    # four coming, two slots: each is shared over four
+    assert ledger.grant_many(DS, asks, slots=2) == [250, 250, 250, 250]
+
+
+def test_a_start_follows_the_horizon_rule(ledger: Ledger, redis_client: redis.Redis) -> None:
+    make(ledger, token_budget=1000)
+    assert [lease(ledger, f"s{i}", want=500, slots=4) for i in range(3)] == [250, 250, 250]
+    admitted(ledger, "n")
+
+    # 250 left, 750 unused by three running (no speed known yet): (250 + 750) / 4
+    expected = start_grant(left=250, unused=750, running=3, coming=1, expect=4, want=500, pool=1000)
+    assert start(ledger, "n", "a1", 500, slots=4) == expected == 250
+    assert clock_agrees(redis_client)
+
+
+def test_what_running_generations_used_at_the_datasets_speed_shortens_the_horizon(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    assert [lease(ledger, f"s{i}", want=500, slots=2) for i in range(2)] == [500, 500]
+    # s0 has run 2 s at 100 tokens/s: 200 of its grant are used, so 800 are left to generate for two
+    set_clock(redis_client, "s0", 2000, 100.0)
+    assert end(ledger, "s0", "a1", 200) == 1  # it ended there: its 300 unused go back
+    admitted(ledger, "n")
+
+    granted = start(ledger, "n", "a1", 500, slots=2)
+
+    # 300 left, s1's 500 unused (its clock is new): (300 + 500) / 2 = 400, at most the 300 left
+    assert granted == min(300, int(horizon(300, 500, 1, 1, 2)[0])) == 300
+
+
+def test_an_end_gives_back_at_once_and_the_start_after_it_in_the_same_call_gets_it(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    assert [lease(ledger, f"s{i}", want=500, slots=10) for i in range(10)] == [100] * 10
+    admitted(ledger, "n")
+    assert start(ledger, "n", "a1", 500, slots=10) == GRANT_WAIT  # all granted, some will come back
+
+    got = ledger.grant_many(
+        DS,
+        [GrantAsk("n", "a1", GrantKind.START, 500), GrantAsk("s0", "a1", GrantKind.END, 30, 90.0)],
+        slots=10,
+    )
+
+    # the end is answered first: its 70 are what the start gets (the horizon is (70 + 900) / 10)
+    assert got == [70, 1]
+    assert reservations(redis_client)["s0"] == 30
+    assert field(redis_client, DS, "reserved_tokens") == 1000
+    assert clock_agrees(redis_client)
+    assert ledger.commit(DS, "s0", "a1", 30) is CommitOutcome.COMMITTED
+    assert ledger.snapshot(DS).reserved_tokens == 970
+
+
+def test_a_start_gets_not_now_once_the_horizon_is_below_32_tokens(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=10_000)
+    assert [lease(ledger, f"s{i}", want=5000, slots=4) for i in range(4)] == [2500] * 4
+    for i in range(3):
+        assert ledger.commit(DS, f"s{i}", "a1", 2500) is CommitOutcome.COMMITTED
+    admitted(ledger, "n")
+    # all of it is granted to s3, which has used none of it yet: wait for what it gives back
+    assert start(ledger, "n", "a1", 5000, slots=4) == GRANT_WAIT
+
+    set_clock(redis_client, "s3", 24_500, 100.0)  # it has used 2,450 of its 2,500: 50 left to generate
+
+    assert horizon(0, 50, 1, 1, 4)[0] < 32
+    assert start(ledger, "n", "a1", 5000, slots=4) == GRANT_NOT_NOW
+
+
+def test_with_none_running_the_last_of_the_budget_may_start_one(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+    commit_new(ledger, "c", 990)
+    admitted(ledger, "n", "m")
+
+    assert start(ledger, "n", "a1", 500, slots=64) == 10
+    assert start(ledger, "m", "a1", 500, slots=64) == GRANT_NOT_NOW
+
+
+def test_a_budget_too_small_for_its_slots_gives_each_of_them_an_equal_share(ledger: Ledger) -> None:
+    make(ledger, token_budget=300)
+
+    # 300 over 20 slots: 15 each, below the usual least of 32 but a share of the whole budget
+    assert [lease(ledger, f"s{i}", want=MAX_NEW, slots=20) for i in range(20)] == [15] * 20
+
+
+def test_a_whole_start_gets_its_whole_want_while_that_much_is_left_and_the_horizon_past_that(
+    ledger: Ledger,
+) -> None:
+    # a text prompt or a conversation cannot be continued past a grant: cut short at a horizon of 100, it
+    # would be a cut answer long before the budget's end
+    make(ledger, token_budget=1000)
+    admitted(ledger, "text", "s", "last")
+    whole = [GrantAsk("text", "a1", GrantKind.WHOLE, 800), GrantAsk("s", "a1", GrantKind.START, 800)]
+
+    assert ledger.grant_many(DS, whole, slots=10) == [800, 100]
+    # 100 left, less than its want: as any start, cut at its grant (else the last ones never start)
+    got = ledger.grant_many(DS, [GrantAsk("last", "a1", GrantKind.WHOLE, 800)], slots=10)
+    assert got == [min(100, int(horizon(100, 900, 2, 1, 10)[0]))] == [100]
+
+
+def test_more_grants_up_to_the_horizon_and_at_least_16_where_that_much_is_left(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    assert [lease(ledger, f"s{i}", want=500, slots=10) for i in range(10)] == [100] * 10
+    end(ledger, "s9", "a1", 40)  # 60 back
+
+    # s0 reached its 100: (60 + 900 unused) / 10 = 96, at most the 60 left
+    assert more(ledger, "s0", "a1", 400, rate=80.0) == 160
+    # nothing is left now: the same grant (its answer is cut there)
+    assert more(ledger, "s1", "a1", 400) == 100
+    assert clock_agrees(redis_client)
+
+
+def test_more_is_at_least_16_where_the_horizon_is_smaller(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+    assert [lease(ledger, f"s{i}", want=500, slots=100) for i in range(100)] == [10] * 100
+    end(ledger, "s99", "a1", 0)
+    end(ledger, "s98", "a1", 0)  # 20 back: the horizon is (20 + 980) / 100 = 10
+
+    assert more(ledger, "s0", "a1", 400) == 10 + MORE_MIN  # a continuation is worth at least 16
+    assert more(ledger, "s1", "a1", 400) == 10 + 4  # the last 4
+
+
+def test_a_continued_generations_clock_goes_back_by_what_its_grant_took_at_the_datasets_speed(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=10_000)
+    assert lease(ledger, "s0", want=500, slots=40) == 250
+    redis_client.hset(keys().ledger_hash, "gen_rate", 50.0)
+
+    assert more(ledger, "s0", "a1", 250) == 500
+    seconds, micros = redis_client.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    clock = int(redis_client.hget(keys().clock_hash, "s0"))
+
+    assert abs((now - clock) - 250 * 1000 / 50.0) < 1000  # 250 tokens at 50/s: 5 s ago
+    assert clock_agrees(redis_client)
+
+
+def test_the_datasets_speed_is_learned_from_the_requests_that_ended(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=10_000)
+    assert [lease(ledger, f"s{i}", want=200, slots=4) for i in range(3)] == [200] * 3
+
+    end(ledger, "s0", "a1", 10, rate=100.0)
+    assert float(redis_client.hget(keys().ledger_hash, "gen_rate")) == 100.0
+    end(ledger, "s1", "a1", 10, rate=200.0)
+    assert float(redis_client.hget(keys().ledger_hash, "gen_rate")) == pytest.approx(100 + RATE_WEIGHT * 100)
+    more(ledger, "s2", "a1", 0, rate=0.0)  # no measure: no change
+    assert float(redis_client.hget(keys().ledger_hash, "gen_rate")) == pytest.approx(105.0)
+
+
+def test_asks_of_an_attempt_that_lost_its_lease_get_zero(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+    assert lease(ledger, "s1", "a1", want=100, slots=2) == 100
+
+    assert more(ledger, "s1", "old", 100) == 0
+    assert end(ledger, "s1", "old", 10) == 0
+    assert start(ledger, "never", "a1", 100) == 0
+    assert reservations(ledger.client) == {"s1": 100}
+
+
+@pytest.mark.parametrize("action", ["pause", "revoke"])
+def test_a_stopped_dataset_starts_nothing_and_grants_no_more(ledger: Ledger, action: str) -> None:
+    make(ledger, token_budget=1000)
+    assert lease(ledger, "s1", want=100, slots=2) == 100
+    admitted(ledger, "s2")
+
+    getattr(ledger, action)(DS)
+
+    assert start(ledger, "s2", "a1", 100, slots=2) == GRANT_NOT_NOW
+    assert more(ledger, "s1", "a1", 100) == 100
+
+
+@pytest.mark.parametrize("on_budget", ["none", "drain"])
+def test_a_dataset_without_grants_neither_defers_nor_grants(ledger: Ledger, on_budget: str) -> None:
+    if on_budget == "none":
+        make(ledger)
+    else:
+        make(ledger, token_budget=1000, on_budget="drain")
+
+    assert ledger.admit(DS, "s1", "a1").cap == 0
+    assert start(ledger, "s1", "a1", 100) == GRANT_NOT_NOW
+    assert more(ledger, "s1", "a1", 100) == 0
+
+
+def test_a_sample_asked_twice_in_one_call_builds_on_its_first_ask(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    assert lease(ledger, "s1", want=600, slots=4) == 250
+    asks = [GrantAsk("s1", "a1", GrantKind.MORE, 100), GrantAsk("s1", "a1", GrantKind.MORE, 100)]
+
+    assert ledger.grant_many(DS, asks, slots=4) == [350, 450]
+    assert reservations(redis_client) == {"s1": 450}
+    assert field(redis_client, DS, "reserved_tokens") == 450
+    assert clock_agrees(redis_client)
+
+
+def test_every_end_of_a_generation_takes_it_off_the_clock(ledger: Ledger, redis_client: redis.Redis) -> None:
+    make(ledger, token_budget=100_000)
+    for i in range(6):
+        assert lease(ledger, f"s{i}", lease_ms=SHORT_MS if i == 5 else 60_000, want=100, slots=8) == 100
+    assert clock_state(redis_client)["n"] == 6
+
+    assert ledger.commit(DS, "s0", "a1", 50) is CommitOutcome.COMMITTED
+    ledger.fail(DS, "s1", "a1", "HTTP 400")
+    ledger.release(DS, "s2", "a1", "paused")
+    ledger.give_up(DS, "s3", "a1", "HTTP 503")
+    assert ledger.hold(DS, "s4", "a1", b"{}", 60, 1 << 20).value == "held"
+    expire_short_leases(redis_client)
+    assert ledger.reclaim(DS) == 1
+
+    c = clock_state(redis_client)
+    assert (c["n"], c["sum"], c["grant"]) == (0, 0, 0)
+    assert clock_agrees(redis_client)
+    assert reservations(redis_client) == {"s4": 60}  # held: its tokens, counted at its commit
+
+
+def test_enqueue_under_truncate_waits_once_no_new_generation_could_start(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+    assert [lease(ledger, f"s{i}", want=500, slots=40) for i in range(40)] == [25] * 40
+
+    # forty running hold all of it: a 41st would get 1000 / 41 < 25 (the least for this budget's share)
+    assert ledger.enqueue(DS, ["q"], window=10) == [1]
+    for i in range(39):
+        assert ledger.commit(DS, f"s{i}", "a1", 25) is CommitOutcome.COMMITTED
+    # 25 left, all s39's: a new one would share (0 + 25) / 1 with it, 12 below start_least (25)
+    assert ledger.enqueue(DS, ["q2"], window=10) == [-3]
+
+
+# --- overdrawn tokens ---------------------------------------------------------------------------------
+
+
+def test_a_commit_past_its_grant_keeps_the_excess_as_overdrawn_tokens(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    assert lease(ledger, "s1", want=50, slots=2) == 50
+    assert lease(ledger, "s2", want=50, slots=2) == 50
+
+    # s1's abort landed two steps late; s2 ended within its grant
+    assert ledger.commit(DS, "s1", "a1", 52, truncated=True) is CommitOutcome.COMMITTED
+    assert ledger.commit(DS, "s2", "a1", 50) is CommitOutcome.COMMITTED
+
+    snap = ledger.snapshot(DS)
+    assert (snap.tokens, snap.reserved_tokens, overdrawn(redis_client)) == (102, 0, 2)
+    assert pool_taken(redis_client) == 100
+
+
+def test_a_commit_within_its_grant_overdraws_nothing(ledger: Ledger, redis_client: redis.Redis) -> None:
+    make(ledger, token_budget=1000)
+    lease(ledger, "s1", want=50, slots=2)
+
+    assert ledger.commit(DS, "s1", "a1", 50) is CommitOutcome.COMMITTED
+
+    assert overdrawn(redis_client) == 0
+
+
+def test_a_commit_past_a_grant_more_raised_overdraws_only_past_the_new_grant(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    lease(ledger, "s1", want=50, slots=2)
+    assert more(ledger, "s1", "a1", 30) == 80
+
+    assert ledger.commit(DS, "s1", "a1", 81) is CommitOutcome.COMMITTED
+
+    assert overdrawn(redis_client) == 1
+
+
+@pytest.mark.parametrize(("counts", "expected"), [(True, 3), (False, 0)], ids=["discarded", "not-counted"])
+def test_a_release_past_its_grant_overdraws_only_when_it_counts_against_the_budget(
+    ledger: Ledger, redis_client: redis.Redis, counts: bool, expected: int
+) -> None:
+    make(ledger, token_budget=1000, on_budget="discard")
+    assert lease(ledger, "s1", want=40) == 40
+
+    ledger.release(DS, "s1", "a1", "discarded", 43, counts_against_budget=counts)
+
+    assert overdrawn(redis_client) == expected
+    assert ledger.snapshot(DS).discarded_tokens == (43 if counts else 0)
+
+
+def _granted_to_the_end_with_an_overdraw(ledger: Ledger, redis_client: redis.Redis) -> None:
+    """Budget 100, all of it granted to four generations (25 each), then s0 commits 2 tokens past its
+    grant."""
+    make(ledger, token_budget=100)
+    assert [lease(ledger, f"s{i}", want=MAX_NEW, slots=4) for i in range(4)] == [25] * 4
+    assert ledger.commit(DS, "s0", "a1", 27, truncated=True) is CommitOutcome.COMMITTED
+    assert overdrawn(redis_client) == 2
+    assert budget_taken(redis_client) == 102  # spent + reserved is past the budget by the overdraw
+    assert pool_taken(redis_client) == 100
+
+
+def test_an_overdraw_alone_does_not_make_progress_stop_what_runs(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    _granted_to_the_end_with_an_overdraw(ledger, redis_client)
+
+    assert [progress(ledger, f"s{i}", "a1") for i in range(1, 4)] == [Progress.CONTINUE] * 3
+
+
+def test_an_overdraw_alone_does_not_make_stop_check_stop_what_runs(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    _granted_to_the_end_with_an_overdraw(ledger, redis_client)
+
+    assert ledger.stop_reasons([DS]) == {DS: ""}
+
+
+def test_a_lowered_budget_still_stops_what_runs_after_an_overdraw(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    _granted_to_the_end_with_an_overdraw(ledger, redis_client)
+
+    ledger.set_limits(DS, token_budget=99)  # below committed - overdrawn + reserved (100)
+
+    assert progress(ledger, "s1", "a1") is Progress.STOP
+    assert ledger.stop_reasons([DS]) == {DS: "budget"}
+
+
+# --- discard: whole wants at admission, its admission rule and pool ---------------------------------------
+
+
+def fill(ledger: Ledger, prefix: str = "f", want: int = 0, limit: int = 500) -> list[int]:
+    """Admit new samples one at a time until admit says limit; their grants."""
+    caps: list[int] = []
+    for i in range(limit):
+        result = ledger.admit(DS, f"{prefix}{i}", "a1", want=want)
+        if result.admission is not Admission.OK:
+            assert result.admission is Admission.LIMIT, result
+            return caps
+        caps.append(result.cap)
+    raise AssertionError(f"admit never said limit in {limit} admits")
+
+
+def test_discard_admits_while_committed_live_and_a_mean_answer_per_generation_in_flight_fit(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=100, on_budget="discard")
+    commit_new(ledger, "c", 20)  # the mean committed length: 20
+
+    # 20 + n x 20 <= 100 for n = 1..4 in flight; a fifth would be expected to pass the budget
+    caps = fill(ledger, "s", want=5)
+
+    assert caps == [5] * 4
+    assert sum(caps) < grant_pool("discard", 100) - 20  # the pool had more: the expected rule said limit
+
+
+def test_discard_counts_live_tokens_in_its_admission_rule_where_they_pass_what_is_expected(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=100, on_budget="discard")
+    commit_new(ledger, "c", 20)
+    lease(ledger, "s1", want=5)
+    # expected of the two in flight: 2 x 20; what s1 has produced counts where it is more (drain's rule)
+    assert ledger.renew_many(DS, [("s1", "a1", 40)]) == [True]  # 20 + max(40, 2 x 20) = 60
+    assert lease(ledger, "s2", want=5) == 5
+    assert ledger.renew_many(DS, [("s1", "a1", 75), ("s2", "a1", 6)]) == [True, True]  # 20 + 81 > 100
+
+    assert ledger.admit(DS, "s3", "a1", want=5).admission is Admission.LIMIT
+    assert ledger.renew_many(DS, [("s1", "a1", 74)]) == [True]  # 20 + max(80, 3 x 20) = 100
+    assert lease(ledger, "s3", want=5) == 5
+
+
+def test_discard_grants_whole_wants_from_the_budget_plus_one_percent(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000, on_budget="discard")
+    commit_new(ledger, "c", 1)  # a mean answer of 1 token: the expected rule never binds here
+
+    caps = fill(ledger, "s")
+
+    assert caps == [MAX_NEW] * (1009 // MAX_NEW)  # whole wants from 1000 + 10 of slack - 1 committed
+    assert budget_taken(redis_client) == 1 + MAX_NEW * (1009 // MAX_NEW)
+    assert [progress(ledger, f"s{i}", "a1") for i in range(3)] == [Progress.CONTINUE] * 3
+    assert ledger.stop_reasons([DS]) == {DS: ""}  # the pool's slack is no lowered budget
+
+
+def test_discard_is_exhausted_once_less_than_max_new_tokens_is_left_and_truncate_once_nothing_is(
+    ledger: Ledger,
+) -> None:
+    make(ledger, "d", token_budget=100, on_budget="discard")
+    make(ledger, "t", token_budget=100)
+    for name in ("d", "t"):
+        commit_whole(ledger, "a", 30, name=name)  # 70 left: a whole max_new_tokens (64) still fits
+        assert ledger.snapshot(name).state == DatasetState.ACTIVE
+        commit_whole(ledger, "b", 60, name=name)  # 10 left: less than 64, at least a token
+
+    assert ledger.snapshot("d").state == DatasetState.EXHAUSTED
+    assert ledger.snapshot("t").state == DatasetState.ACTIVE
+    commit_whole(ledger, "c", 10, name="t")
+    assert ledger.snapshot("t").state == DatasetState.EXHAUSTED
+    assert (overdrawn(ledger.client, "d"), overdrawn(ledger.client, "t")) == (0, 0)
+
+
+def test_a_whole_sample_wanting_more_than_a_discard_budget_has_left_waits_while_others_run_then_ends_it(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=1000, on_budget="discard")
+    for i in range(7):  # 700 committed, 100 each: 300 left of 1,000, 310 of the pool
+        commit_whole(ledger, f"c{i}", 100)
+    assert ledger.admit_many(DS, [("r", "a1", 64)]).results[0] == (Admission.OK, 64)
+    # a conversation wanting 3 replies of 100 while one runs: it waits for that one's grant to come back
+    assert ledger.admit_many(DS, [("conv", "a1", 300, True)]).results[0][0] is Admission.LIMIT
+    assert ledger.commit(DS, "r", "a1", 20, False) is CommitOutcome.COMMITTED  # 290 of the pool left
+    # with none running it takes what is left: it ends within it, or is thrown away; either way the
+    # budget's end comes and the dataset is not stuck
+    assert ledger.admit_many(DS, [("conv", "a2", 300, True)]).results[0] == (Admission.OK, 290)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_discard_dataset_with_nothing_in_flight_is_either_exhausted_or_admits_the_next_answer(
+    ledger: Ledger, seed: int
+) -> None:
+    # discard's exhaustion and its admission rule read the same expected length (E[L^2] / E[L] of the
+    # committed lengths, longer than their mean): with none in flight they must never disagree, or the
+    # dataset would wait forever, neither settled nor fed.
+    rnd = random.Random(seed)
+    make(ledger, token_budget=5000, on_budget="discard")
+    for i in range(200):
+        snap = ledger.snapshot(DS)
+        if snap.state == DatasetState.EXHAUSTED:
+            break
+        assert snap.inflight == 0
+        result = ledger.admit(DS, f"s{i}", "a", want=MAX_NEW)
+        assert result.admission is Admission.OK, (i, snap.tokens, result)
+        tokens = min(result.cap, rnd.choice([5, 20, 80, 300]))
+        assert ledger.commit(DS, f"s{i}", "a", tokens) is CommitOutcome.COMMITTED
+    assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
+
+
+# --- property: random interleavings never pass the pool, and the clock stays true ---------------------
+
+
+def _fields(client: redis.Redis) -> dict[str, int]:
+    names = ["tokens", "discarded_tokens", "reserved_tokens", "overdrawn_tokens", "samples"]
+    values = client.hmget(keys().ledger_hash, names)
+    return {n: int(v or 0) for n, v in zip(names, values, strict=True)}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_interleavings_of_starts_mores_ends_commits_and_releases_never_pass_the_budget(
+    ledger: Ledger, redis_client: redis.Redis, seed: int
+) -> None:
+    rng = random.Random(seed)
+    budget = rng.choice([3000, 8000, 20_000])
+    slots = rng.choice([0, 4, 16])
+    make(ledger, token_budget=budget)
+    running: dict[str, tuple[str, int]] = {}  # sid -> (attempt, grant)
+    waiting: list[str] = []  # admitted, not granted yet
+    counts = {"start": 0, "wait": 0, "not_now": 0, "more": 0, "cut": 0, "end": 0, "overdraw": 0}
+    for step in range(500):
+        roll = rng.random()
+        if roll < 0.2 or not (running or waiting):
+            sid = f"s{step}"
+            if ledger.admit(DS, sid, "a1").admission is Admission.OK:
+                waiting.append(sid)
+        elif roll < 0.45 and waiting:
+            batch = [waiting.pop(0) for _ in range(min(len(waiting), rng.randint(1, 3)))]
+            got = ledger.grant_many(
+                DS, [GrantAsk(sid, "a1", GrantKind.START, rng.choice([8, 40, 200])) for sid in batch], slots
+            )
+            for sid, g in zip(batch, got, strict=True):
+                if g > 0:
+                    running[sid] = ("a1", g)
+                    counts["start"] += 1
+                elif g == GRANT_WAIT:
+                    waiting.append(sid)
+                    counts["wait"] += 1
+                else:
+                    assert g == GRANT_NOT_NOW, g
+                    ledger.release(DS, sid, "a1", "limit")
+                    counts["not_now"] += 1
+        elif roll < 0.6 and running:
+            sid = rng.choice(sorted(running))
+            attempt, grant = running[sid]
+            after = more(ledger, sid, attempt, rng.randint(1, 300), rate=rng.choice([0.0, 50.0, 120.0]))
+            assert after >= grant
+            counts["more" if after > grant else "cut"] += 1
+            running[sid] = (attempt, after)
+        elif roll < 0.7 and running:
+            sid = rng.choice(sorted(running))
+            attempt, grant = running[sid]
+            tokens = rng.randint(0, grant)
+            assert end(ledger, sid, attempt, tokens, rate=rng.choice([0.0, 90.0])) == 1
+            running[sid] = (attempt, tokens)
+            counts["end"] += 1
+        elif roll < 0.72:
+            # an attempt that lost its lease (or never held one) finishes anyway: counted only with room
+            ledger.commit(DS, f"ghost{step}", "zombie", rng.randint(1, 100))
+        elif running:
+            sid = rng.choice(sorted(running))
+            attempt, grant = running.pop(sid)
+            late = rng.choice([0, 0, 0, 1, 2])  # the step or two an abort takes to land
+            tokens = grant + late if rng.random() < 0.5 else rng.randint(0, grant)
+            counts["overdraw"] += tokens > grant
+            if roll < 0.92:
+                outcome = ledger.commit(DS, sid, attempt, tokens, truncated=tokens >= grant)
+                assert outcome is CommitOutcome.COMMITTED
+            else:
+                ledger.release(DS, sid, attempt, "stopped", tokens)
+        assert pool_taken(redis_client) <= budget, step
+        f = _fields(redis_client)
+        assert (
+            f["reserved_tokens"]
+            == sum(reservations(redis_client).values())
+            == sum(g for _, g in running.values())
+        ), step
+        assert clock_agrees(redis_client), step
+
+    for sid, (attempt, grant) in running.items():
+        assert ledger.commit(DS, sid, attempt, grant) is CommitOutcome.COMMITTED
+    for sid in waiting:
+        ledger.release(DS, sid, "a1", "limit")
+    f = _fields(redis_client)
+    assert f["reserved_tokens"] == 0
+    assert f["tokens"] + f["discarded_tokens"] - f["overdrawn_tokens"] <= budget
+    c = clock_state(redis_client)
+    assert (c["n"], c["sum"], c["grant"]) == (0, 0, 0)
+    # the run did exercise every path
+    assert counts["start"] >= 10 and counts["more"] > 0 and counts["end"] > 0 and counts["overdraw"] > 0
