@@ -218,6 +218,9 @@ class Feeder:
         self.budget_waiting = False
         #: The snapshots the last round read, one per dataset.
         self.last_snapshots: list[DatasetSnapshot] = []
+        #: After the last round, how long until a dataset's queue is half empty at its rate (how long the
+        #: next round may wait; inf: no dataset needs feeding).
+        self.refill_s = math.inf
         self.batch = batch
         #: The broker's queue list: a dataset that stops (limit, revoke, pause) has its waiting messages
         #: purged from it at once instead of each being dropped by a worker.
@@ -251,6 +254,7 @@ class Feeder:
         all_settled = True
         self.budget_waiting = False
         self.last_snapshots = []
+        self.refill_s = math.inf
         for feed in self.feeds:
             snap = self.ledger.snapshot(feed.name)
             self.last_snapshots.append(snap)
@@ -272,12 +276,23 @@ class Feeder:
                     feed.start_pass(self.ledger.pending_ids(feed.name))
                 else:
                     continue
-            self._feed(feed)
+            published = self.published
+            self._feed(feed, self.window - snap.queued)
+            if not feed.exhausted_source:
+                queued = snap.queued + self.published - published
+                rate = snap.samples_per_s
+                half = self.window / 2
+                # a queue at least half full lasts this long at the rate its samples are taken
+                refill_s = (queued - half) / rate if rate > 0 and queued > half else 0.0
+                self.refill_s = min(self.refill_s, refill_s)
         return all_settled
 
-    def _feed(self, feed: DatasetFeed) -> None:
-        while True:
-            samples = feed.take(self.batch)
+    def _feed(self, feed: DatasetFeed, room: int) -> None:
+        """Publish up to ``room`` samples of ``feed`` (the window less what the round's snapshot found
+        queued): the ledger is asked about no more ids than may be published (its window check stays the
+        rule; a stale snapshot costs one round)."""
+        while room > 0:
+            samples = feed.take(min(self.batch, room))
             if not samples:
                 break
             codes = self.ledger.enqueue(feed.name, [s.sample_id for s in samples], self.window)
@@ -300,6 +315,7 @@ class Feeder:
                     raise PublishError(f"publishing to the queue failed: {e}") from e
                 feed.published_this_pass += len(to_publish)
                 self.published += len(to_publish)
+                room -= len(to_publish)
             if codes and codes[-1] == ENQUEUE_WINDOW_FULL:
                 feed.put_back(samples[len(codes) - 1 :])
                 return
@@ -387,7 +403,12 @@ class Feeder:
                 last_audit = 0.0
                 continue
             longest = BUDGET_POLL_S if self.budget_waiting else IDLE_POLL_MAX_S
-            idle_s = IDLE_POLL_S if self.published != published else min(longest, idle_s * 2)
+            if self.published != published:
+                # each round reads every dataset's snapshot (a dozen Redis commands): while the queues
+                # are at least half full the next may wait until one would be half empty
+                idle_s = max(IDLE_POLL_S, min(longest, self.refill_s))
+            else:
+                idle_s = min(longest, idle_s * 2)
             # The run ends at the first round after the last commit: near the end, look as often as the
             # end may come (a second's wait there was most of a short run's cost against a plain client).
             time.sleep(min(idle_s, max(IDLE_POLL_S, self.expected_end_s() / 2)))
