@@ -107,10 +107,9 @@ class Attempt:
     lease: Lease
     #: ``output_dir/dataset``: where its record or failure is written.
     folder: Path
-    #: What the ledger granted it at admission under a token budget: discard, its tokens of the budget
-    #: (its request is sent with ``max_new_tokens`` at most this, so the server itself keeps the budget);
-    #: truncate, ``GRANT_AT_SEND`` (granted once it has a server slot, and continued past its grant where
-    #: the ledger grants more: ``workers/continuation.py``); 0: no budget.
+    #: What the ledger granted it at admission under a token budget: truncate, ``GRANT_AT_SEND`` (granted
+    #: once it has a server slot, and continued past its grant where the ledger grants more:
+    #: ``workers/continuation.py``); 0: no budget, or discard and drain, which reserve nothing.
     cap: int = 0
     #: The most tokens it may produce (its reservation's want: max_new_tokens, or that times the replies
     #: of a conversation).

@@ -78,12 +78,15 @@ end
 -- clock (the clock hash: when it would have started at the dataset's speed, on Redis's clock) and the
 -- dataset's speed per generation (gen_rate, tokens/s, learned from the requests that ended) say it.
 --
--- discard grants each generation its whole want or nothing, at admission (admit.lua: an answer continued
--- and then refused more would be thrown away whole), admits one only while committed + live + the
--- expected length of each generation in flight stay within the budget (an answer it starts is expected to
--- end whole), and grants from the budget plus DISCARD_SLACK of it (whole answers may pass the budget by
--- that much).
+-- discard reserves nothing: it admits a generation only while committed + live + what the generations in
+-- flight are expected to need (their expected lengths, and DISCARD_SIGMAS spreads of their sum: discard_need)
+-- stay within the budget (an answer it starts is expected to end whole), sends
+-- it with its whole want, and keeps the budget plus DISCARD_SLACK of it at commit: an answer that would
+-- pass that is not kept (commit.lua: over_limit, thrown away whole, never cut). Reserving each whole want
+-- (max_new_tokens, 8-16x the mean) held the servers at (budget left) / max_new_tokens generations: 4.8x
+-- the time of no budget at 64 in flight.
 local DISCARD_SLACK = 0.01
+local DISCARD_SIGMAS = 2
 -- truncate: a new generation starts only where the horizon gives it this much (or its whole want, or an
 -- equal share of the whole budget per generation where that is less: a budget too small for its slots):
 -- one granted less would be cut within a few tokens, a junk answer; a continuation is granted at least
@@ -99,13 +102,15 @@ local function grant_pool(mode, budget)
 end
 
 -- The least budget a new generation needs under ``mode``, its dataset's max_new_tokens being ``max_new``
--- (0: SGLang's default, 128): truncate, a token (its answer may be cut there); discard, its whole
--- max_new_tokens (the grant admit gives it); nil, drain. ``mean`` is kept for the callers' symmetry.
+-- (0: SGLang's default, 128): truncate, a token (its answer may be cut there); discard, what one answer is
+-- expected to need (``mean``: discard_one; max_new_tokens before any answer is committed); nil, drain.
 local function floor_of(mode, max_new, mean)
   if mode == 'drain' then return nil end
   if mode ~= 'discard' then return 1 end
+  -- discard admits a generation while what it is expected to need fits (admit.lua): one needs that much
+  -- left (ceil: for a whole number left, left < ceil(x) exactly where left < x, as admit compares)
+  if mean > 0 then return math.max(1, math.ceil(mean)) end
   if max_new <= 0 then max_new = 128 end
-  -- discard grants each generation its whole want (admit.lua): one needs max_new_tokens left
   return max_new
 end
 
@@ -126,9 +131,30 @@ local function discard_length(tokens, tokens_sq, samples)
   return 0
 end
 
+-- discard only: the spread (standard deviation) of the committed lengths; 0 where unknown.
+local function discard_spread(tokens, tokens_sq, samples)
+  if samples <= 0 or tokens_sq <= 0 then return 0 end
+  local mean = tokens / samples
+  return math.sqrt(math.max(0, tokens_sq / samples - mean * mean))
+end
+
+-- discard only: what ``n`` answers in flight are expected to need in all, with a margin: n times the
+-- expected length, plus DISCARD_SIGMAS spreads of their sum (sqrt(n) spreads): the answers it starts end
+-- past the budget's slack (and are thrown away) rarely, not half the time. ``mean``: discard_length.
+local function discard_need(n, mean, spread)
+  return n * mean + DISCARD_SIGMAS * spread * math.sqrt(n)
+end
+
+-- discard only: what one answer needs (discard_need of one) from the committed figures; 0 before any.
+local function discard_one(tokens, tokens_sq, samples)
+  local mean = discard_length(tokens, tokens_sq, samples)
+  if mean <= 0 then return 0 end
+  return discard_need(1, mean, discard_spread(tokens, tokens_sq, samples))
+end
+
 local function reserve_floor(ledger, mode)
   return floor_of(mode, num(ledger, 'max_new_tokens'),
-    discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')))
+    discard_one(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')))
 end
 
 -- Whether the token budget is reached with ``spent_tokens`` spent: less than the smallest grant
@@ -250,19 +276,20 @@ local function drain_full(figures, inflight, budget)
 end
 
 -- discard only: {committed + discarded, live, the length a generation in flight is expected to have in all
--- (discard_length; max_new_tokens before any is committed)}.
+-- (discard_length; max_new_tokens before any is committed), the spread of the lengths (0 before any)}.
 local function discard_figures(ledger)
-  local mean = discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples'))
+  local tokens, tokens_sq, samples = num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')
+  local mean = discard_length(tokens, tokens_sq, samples)
   if mean <= 0 then mean = num(ledger, 'max_new_tokens') end
   if mean <= 0 then mean = 128 end
-  return {spent(ledger), num(ledger, 'live_tokens'), mean}
+  return {spent(ledger), num(ledger, 'live_tokens'), mean, discard_spread(tokens, tokens_sq, samples)}
 end
 
 -- discard only: whether ``n`` generations in flight (the one to start included) could not be expected to
--- end within the budget: what is spent, and what those in flight are expected to have in all, or what
--- they have produced where that is more (drain's rule, with discard's expected length).
+-- end within the budget: what is spent, and what those in flight are expected to need in all
+-- (discard_need), or what they have produced where that is more (drain's rule, with discard's need).
 local function discard_full(figures, n, budget)
-  return figures[1] + math.max(figures[2], n * figures[3]) > budget
+  return figures[1] + math.max(figures[2], discard_need(n, figures[3], figures[4])) > budget
 end
 
 local function drain_blocked(ledger, leases, budget)
@@ -286,10 +313,7 @@ local function budget_blocked(ledger, leases)
   if mode == 'drain' then return drain_blocked(ledger, leases, budget) end
   local leased = redis.call('ZCARD', leases)
   local left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
-  if mode == 'discard' then
-    if discard_full(discard_figures(ledger), leased + 1, budget) then return true end
-    return left < max_want(ledger)  -- a whole want or nothing (admit.lua)
-  end
+  if mode == 'discard' then return discard_full(discard_figures(ledger), leased + 1, budget) end
   return not new_may_start(left, clock_figures(ledger), now_ms(), max_want(ledger), 0, 0, budget)
 end
 

@@ -5,7 +5,7 @@
 --       max_new_tokens, times the replies of a conversation that regenerates them all; 0: the dataset's
 --       max_new_tokens), whole (1: its generation cannot be continued past a grant, a conversation or a
 --       text prompt: kept for the callers; truncate grants it as any other at send time, and it is cut at
---       its grant; discard grants every generation its whole want)
+--       its grant; discard reserves nothing)
 -- Returns {state, spec_json, verdict_1, cap_1, verdict_2, cap_2, ...}, per sample in order. verdict:
 --   ok        generate; the caller holds the sample's lease until commit, fail or release
 --   done      already committed (a second delivery); nothing to do
@@ -13,9 +13,8 @@
 --   leased    another attempt holds the lease right now (a duplicate delivery); nothing to do
 --   paused | revoked | exhausted | limit    dropped without generation; the sample is pending again
 --   unknown   the dataset is not in this ledger
--- cap: for an admitted sample under a token budget, its grant: under discard the tokens of the budget
--- reserved for it (its whole want); under truncate -1, granted at send time (grant.lua: Reservations in
--- _lib.lua); 0 otherwise (no token budget, or drain).
+-- cap: for an admitted sample under a truncate budget -1, granted at send time (grant.lua: Reservations in
+-- _lib.lua); 0 otherwise (no token budget, discard, drain).
 local lease_ms = tonumber(ARGV[1])
 local STRIDE = 4
 local n = (#ARGV - 1) / STRIDE
@@ -83,19 +82,10 @@ for i = 1, n do
     -- each generation admitted before it in this group runs too (as if admitted one at a time)
     if drain_full(drain, drain[4] + #ok_sids, budget) then verdict = 'limit' end
   elseif discard then
-    -- an answer continued past a grant and then refused more would be thrown away whole, so each is
-    -- granted its whole want or does not start yet (no token generated under discard is wasted); each
-    -- generation admitted before it in this group holds a grant too (as if admitted one at a time)
-    if not discard_full(discard, leased_before + #ok_sids + 1, budget) then
-      if left >= want then
-        cap = want
-      elseif leased_before + #ok_sids == 0 and left > 0 then
-        -- with none running (a conversation wanting more than is left), the last generation takes what
-        -- is left: it ends within it, or is thrown away, and either way the budget's end comes
-        cap = math.min(want, left)
-      end
-    end
-    if cap <= 0 then verdict = 'limit' else left = left - cap end
+    -- admitted while committed + live + the expected length of each generation in flight stay within the
+    -- budget, each admitted before it in this group included (as if admitted one at a time); nothing
+    -- reserved: it is sent with its whole want, and commit keeps the budget's slack (Reservations)
+    if discard_full(discard, leased_before + #ok_sids + 1, budget) then verdict = 'limit' end
   elseif budget then
     if deferred then cap = -1 else verdict = 'limit' end
   end

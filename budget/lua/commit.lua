@@ -6,8 +6,9 @@
 -- completion_tokens, the model's thinking), hit_max_new (0 | 1: it ended at the dataset's max_new_tokens),
 -- length bucket (of completion_tokens, computed by the caller: budget/lengths.py)
 -- Returns {state, outcome_1, outcome_2, ...}; outcome: committed | duplicate (already committed by
--- another attempt) | over_limit (max_samples already reached, or the attempt lost its lease, so holds no
--- reservation, and the token budget has no room for it: not counted, so not exported) | revoked (the
+-- another attempt) | over_limit (max_samples already reached, or the attempt holds no reservation (it
+-- lost its lease, or discard, which reserves none) and the token budget has no room for it: not counted,
+-- so not exported) | revoked (the
 -- operator stopped the dataset: nothing more of it is counted or exported; the sample is pending) |
 -- unknown (forgotten).
 -- A committed generation adds to the ledger's tokens, samples, truncated, reasoning_tokens and
@@ -82,9 +83,15 @@ for i = 1, n do
     back[#back + 1] = 'revoked'
   elseif max and samples >= max then
     outcome = 'over_limit'
-  elseif not holds and strict_budget
+  elseif (not holds or mode == 'discard') and strict_budget
       and tokens + discarded - overdrawn + reserved_tokens + k > grant_pool(mode, strict_budget) then
+    -- discard reserves nothing: an answer that would pass the budget and its slack is thrown away whole
+    -- (the sample is pending again, dropped by the limit)
     outcome = 'over_limit'
+    if holds then
+      back[#back + 1] = sid
+      back[#back + 1] = 'limit'
+    end
   end
   if outcome == 'committed' then
     committed_here[sid] = true
@@ -130,7 +137,7 @@ if #back > 0 then redis.call('HSET', pending, unpack(back)) end
 if new_samples > 0 and (state == 'active' or state == 'exhausted') then
   local reached = (max and samples >= max)
     or (budget and budget_reached(budget, tokens + discarded,
-      floor_of(mode, tonumber(f[15]) or 0, discard_length(tokens, tokens_sq, samples))))
+      floor_of(mode, tonumber(f[15]) or 0, discard_one(tokens, tokens_sq, samples))))
   if reached then state = 'exhausted' else state = 'active' end
   out[1] = state
 end

@@ -91,12 +91,13 @@ def test_discard_keeps_only_whole_answers_within_the_budget_and_its_one_percent_
     assert snap.state == "exhausted"
     assert records and not any(r["truncated"] for r in records)
     assert all(r["finish_reason"]["type"] in ("stop", "length") for r in records)
-    # Whole answers only: what is exported is what was committed, and all the server generated.
+    # Whole answers only: what is exported is what was committed; what the server generated besides is
+    # the answers that would have passed the budget's 1% slack, thrown away whole (wasted), nothing else.
     assert snap.tokens == sum(r["completion_tokens"] for r in records)
-    assert snap.tokens == generated_for(slow_sim, name)
-    # Every generation is granted its whole max_new_tokens or waits: none was cut, none thrown away, and
-    # admission stops once the answers in flight are expected to fill the budget and its 1% slack.
-    assert snap.discarded_tokens == 0 and snap.wasted_tokens == 0
+    assert generated_for(slow_sim, name) == snap.tokens + snap.wasted_tokens
+    assert snap.discarded_tokens == 0  # no stop threw an answer away
+    # admission stops once the answers in flight are expected to fill the budget; an answer that would
+    # pass its 1% slack is not kept (how many are thrown away is a bench figure: docs/budgets.md)
     assert 20_000 - BUDGET_RUN_MAX_NEW < snap.tokens <= 20_200
 
 

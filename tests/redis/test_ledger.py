@@ -26,7 +26,7 @@ from budget import (
 )
 from budget.keys import DATASETS_SET, dataset_keys
 from tests.redis.grants import commit_whole
-from tests.support.ledger import DS, MAX_NEW, SPEC, commit_new, lease, make, start
+from tests.support.ledger import DS, MAX_NEW, SPEC, commit_new, make, start
 from tests.support.snapshots import snapshot_of
 
 pytestmark = pytest.mark.redis
@@ -54,19 +54,14 @@ def test_register_creates_an_active_dataset_with_zero_counters_and_its_spec(ledg
     assert ledger.datasets() == [DS]
 
 
-def test_register_stores_the_specs_max_new_tokens_for_admits_that_want_the_default(ledger: Ledger) -> None:
-    make(ledger, token_budget=1000, on_budget="discard")  # discard reserves the whole want at admission
-    assert lease(ledger, "s1") == MAX_NEW
+def test_register_stores_the_specs_max_new_tokens_and_a_new_register_replaces_it(ledger: Ledger) -> None:
+    make(ledger, token_budget=1000)
+    stored = ledger.keys_of(DS).ledger_hash
+    assert int(ledger.client.hget(stored, "max_new_tokens") or 0) == MAX_NEW
 
-    make(
-        ledger,
-        token_budget=1000,
-        on_budget="discard",
-        spec={"servers": ["s"], "sampling": {"max_new_tokens": 10}},
-    )
+    make(ledger, token_budget=1000, spec={"servers": ["s"], "sampling": {"max_new_tokens": 10}})
 
-    assert lease(ledger, "s2") == 10
-    assert ledger.snapshot(DS).reserved_tokens == MAX_NEW + 10  # s1's reservation is kept
+    assert int(ledger.client.hget(stored, "max_new_tokens") or 0) == 10
 
 
 def test_register_without_limits_stores_none_for_both(ledger: Ledger) -> None:

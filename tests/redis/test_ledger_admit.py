@@ -236,18 +236,16 @@ def test_admit_under_discard_says_limit_once_committed_live_and_the_expected_len
 ) -> None:
     make(ledger, token_budget=150, on_budget="discard")
 
-    # nothing committed yet: a generation is expected to be max_new_tokens (64) long; the pool is 151
-    assert lease(ledger, "s1") == MAX_NEW  # 1 x 64 <= 150; 151 holds 64
-    assert (
-        lease(ledger, "s2") == MAX_NEW
-    )  # 2 x 64 <= 150; 87 left holds the whole want (discard: all or none)
-    # 3 x 64 = 192 > 150: a third is expected to pass the budget, whatever is left to grant
+    # nothing committed yet: a generation is expected to be max_new_tokens (64) long
+    assert lease(ledger, "s1") == 0  # 1 x 64 <= 150; discard reserves nothing
+    assert lease(ledger, "s2") == 0  # 2 x 64 <= 150
+    # 3 x 64 = 192 > 150: a third is expected to pass the budget
     third = ledger.admit(DS, "s3", "a1", want=5)
     assert (third.admission, third.cap) == (Admission.LIMIT, 0)
 
-    assert reservations(redis_client) == {"s1": MAX_NEW, "s2": MAX_NEW}
+    assert reservations(redis_client) == {}
     assert pending(redis_client) == {"s3": "limit"}
-    assert ledger.snapshot(DS).reserved_tokens == 2 * MAX_NEW
+    assert ledger.snapshot(DS).reserved_tokens == 0
 
 
 def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_client: redis.Redis) -> None:
@@ -260,15 +258,18 @@ def test_admit_without_a_token_budget_reserves_nothing(ledger: Ledger, redis_cli
     assert ledger.snapshot(DS).reserved_tokens == 0
 
 
-def test_admit_with_want_zero_grants_up_to_the_max_new_tokens_register_stored(ledger: Ledger) -> None:
+def test_discard_expects_the_max_new_tokens_register_stored_before_any_answer_is_committed(
+    ledger: Ledger,
+) -> None:
     spec = {"servers": ["s"], "sampling": {"max_new_tokens": 300}}
-    make(ledger, token_budget=10_000, on_budget="discard", spec=spec)
+    make(ledger, token_budget=700, on_budget="discard", spec=spec)
 
-    # discard grants at admission the whole want: the max_new_tokens register stored
-    assert lease(ledger, "s1") == 300
-    assert lease(ledger, "s2") == 300
-    assert lease(ledger, "s3") == 300
-    assert ledger.snapshot(DS).reserved_tokens == 900
+    # nothing committed: each generation in flight is expected to be 300 long; 2 x 300 <= 700 < 3 x 300
+    assert [ledger.admit(DS, f"s{i}", "a1").admission for i in range(3)] == [
+        Admission.OK,
+        Admission.OK,
+        Admission.LIMIT,
+    ]
 
 
 def test_live_tokens_take_no_part_in_the_grant(ledger: Ledger) -> None:

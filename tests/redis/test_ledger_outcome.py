@@ -176,17 +176,20 @@ def test_commit_gives_back_the_grant_it_did_not_use(ledger: Ledger, redis_client
     assert clock_agrees(redis_client)
 
 
-def test_commit_under_discard_exhausts_once_less_than_max_new_tokens_is_left(
+def test_commit_under_discard_exhausts_once_less_than_the_expected_answer_is_left(
     ledger: Ledger,
 ) -> None:
     make(ledger, token_budget=100, on_budget="discard")
-    commit_new(ledger, "s1", 30)  # 70 left: a whole max_new_tokens (64) fits
+    commit_new(ledger, "s1", 30)
+    commit_new(ledger, "s2", 30)  # 40 left: more than the expected answer (30), less than max_new_tokens
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
-    commit_new(ledger, "s2", 30)  # 40 left < 64: no generation may start with its whole want
+    # 25 left < what one answer needs: the expected length, (30^2 + 30^2 + 15^2) / 75 = 27, and two
+    # spreads of the lengths (7.1 each)
+    commit_new(ledger, "s3", 15)
 
     snap = ledger.snapshot(DS)
-    assert (snap.state, snap.tokens, overdrawn(ledger.client)) == (DatasetState.EXHAUSTED, 60, 0)
+    assert (snap.state, snap.tokens, overdrawn(ledger.client)) == (DatasetState.EXHAUSTED, 75, 0)
     assert ledger.enqueue(DS, ["s4"], window=10) == [-2]
 
 
@@ -401,11 +404,11 @@ def test_release_counting_against_the_budget_adds_discarded_tokens_and_can_exhau
 ) -> None:
     make(ledger, token_budget=150, on_budget="discard")
     commit_new(ledger, "s0", 50)  # the mean committed length: 50
-    assert lease(ledger, "s1", want=30) == 30
+    assert lease(ledger, "s1", want=30) == 0  # discard reserves nothing
     report_live(ledger, "s1", "a1", 30)
 
     assert ledger.release(DS, "s1", "a1", "discarded", 30, counts_against_budget=True) == DatasetState.ACTIVE
-    assert lease(ledger, "s2", want=25) == 25  # 80 spent + a mean answer fit
+    assert lease(ledger, "s2", want=25) == 0  # 80 spent + a mean answer fit
     report_live(ledger, "s2", "a1", 25)
     assert (
         ledger.release(DS, "s2", "a1", "discarded", 25, counts_against_budget=True) == DatasetState.EXHAUSTED

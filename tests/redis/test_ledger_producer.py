@@ -14,7 +14,7 @@ from budget.ledger import (
     ENQUEUE_WINDOW_FULL,
 )
 from tests.redis.grants import set_clock
-from tests.support.ledger import DS, MAX_NEW, commit_new, lease, make, queued, report_live
+from tests.support.ledger import DS, commit_new, lease, make, queued, report_live
 
 pytestmark = pytest.mark.redis
 
@@ -152,10 +152,10 @@ def test_enqueue_under_discard_returns_budget_in_flight_once_the_answers_expecte
 ) -> None:
     make(ledger, token_budget=1000, on_budget="discard")
     commit_new(ledger, "c", 250)  # the mean committed length: 250
-    assert lease(ledger, "l", "a") == MAX_NEW  # far from the end: the whole want
+    assert lease(ledger, "l", "a") == 0  # discard reserves nothing
     # 250 committed + 2 in flight x 250 = 750 <= 1000
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
-    assert lease(ledger, "s1", "a") == MAX_NEW
+    assert lease(ledger, "s1", "a") == 0
     # 250 + 3 x 250 = 1000 <= 1000: one more fits
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
