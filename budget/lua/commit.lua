@@ -50,7 +50,7 @@ local any_live = false
 
 local dropped, done_args, committed_sids, back, committed_here, dropped_here = {}, {}, {}, {}, {}, {}
 local dropped_grants = {}
-local new_tokens, new_samples = 0, 0
+local new_tokens, new_samples, thrown = 0, 0, 0
 -- committed samples per length bucket in this batch, and the buckets in the order first seen
 local per_bucket, buckets = {}, {}
 out[1] = state
@@ -85,12 +85,16 @@ for i = 1, n do
     outcome = 'over_limit'
   elseif (not holds or mode == 'discard') and strict_budget
       and tokens + discarded - overdrawn + reserved_tokens + k > grant_pool(mode, strict_budget) then
-    -- discard reserves nothing: an answer that would pass the budget and its slack is thrown away whole
-    -- (the sample is pending again, dropped by the limit)
+    -- discard reserves nothing: an answer that would pass the budget and its slack is thrown away whole,
+    -- counted against the budget as discarded (as release.lua counts one stopped at the budget): the
+    -- budget is then spent past its pool, so stop_check stops what still runs of the dataset at once
+    -- (each would be thrown away too) instead of letting it run to its end
     outcome = 'over_limit'
-    if holds then
+    if holds and mode == 'discard' then
+      discarded = discarded + k
+      thrown = thrown + k
       back[#back + 1] = sid
-      back[#back + 1] = 'limit'
+      back[#back + 1] = 'discarded'
     end
   end
   if outcome == 'committed' then
@@ -134,7 +138,7 @@ if #done_args > 0 then
 end
 if #back > 0 then redis.call('HSET', pending, unpack(back)) end
 -- active <-> exhausted from the limits (the rule of limit_reached), from the figures in hand
-if new_samples > 0 and (state == 'active' or state == 'exhausted') then
+if (new_samples > 0 or thrown > 0) and (state == 'active' or state == 'exhausted') then
   local reached = (max and samples >= max)
     or (budget and budget_reached(budget, tokens + discarded,
       floor_of(mode, tonumber(f[15]) or 0, discard_one(tokens, tokens_sq, samples))))
@@ -144,6 +148,10 @@ end
 local fields = {'tokens', tokens, 'samples', samples, 'truncated', truncated,
   'live_tokens', live_tokens, 'reserved_tokens', reserved_tokens, 'wasted_tokens', wasted,
   'reasoning_tokens', reasoning, 'hit_max_new', hit_max_new, 'longest', longest, 'tokens_sq', tokens_sq}
+if thrown > 0 then
+  fields[#fields + 1] = 'discarded_tokens'
+  fields[#fields + 1] = discarded
+end
 if overdrawn > 0 then
   fields[#fields + 1] = 'overdrawn_tokens'
   fields[#fields + 1] = overdrawn

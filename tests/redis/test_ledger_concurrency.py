@@ -13,6 +13,7 @@ budget plus 1% under discard), read at any moment by a watcher thread.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 from dataclasses import dataclass, field
@@ -171,7 +172,8 @@ BUDGET = 2000
 class GroupJournal:
     committed: int = 0
     limited: int = 0
-    #: asks for more answered with more than the grant held
+    #: asks for more, and those answered with more than the grant held
+    asked_more: int = 0
     extended: int = 0
     #: committed + discarded + reserved, read right after each of this worker's admits and commits
     seen: list[int] = field(default_factory=list)
@@ -228,6 +230,7 @@ def _group_worker(
                 if on_budget == "truncate" and rng.random() < 0.5
             ]
             if asks:
+                journal.asked_more += len(asks)
                 after = ledger.grant_many(DS, asks, slots=8)
                 journal.seen.append(budget_taken(ledger.client, DS))
                 for ask, grant in zip(asks, after, strict=True):
@@ -301,12 +304,17 @@ def test_committed_discarded_and_reserved_tokens_never_pass_the_budget_under_con
     # the budget was contended: admits were turned away for it, and most of it was spent
     assert sum(j.limited for j in journals) > 0
     if on_budget == "truncate":  # discard reserves nothing: nothing more to ask
-        assert sum(j.extended for j in journals) > 0
+        # asks for more raced the others (whether any found the budget not yet all granted depends on
+        # the interleaving: 1 run in 10 under load found none)
+        assert sum(j.asked_more for j in journals) > 0
     assert spent > BUDGET // 2
     assert snap.samples == sum(j.committed for j in journals)
     if on_budget == "truncate":
         assert (snap.state == DatasetState.EXHAUSTED) is (spent >= BUDGET)
     else:  # less than the expected answer left (E[L^2] / E[L] of the committed lengths)
+        # (discard_one in _lib.lua: the length-biased mean and two spreads of the committed lengths)
         tokens_sq = int(redis_client.hget(ledger.keys_of(DS).ledger_hash, "tokens_sq") or 0)
-        expected = max(1, tokens_sq // snap.tokens) if snap.tokens else MAX_NEW
-        assert (snap.state == DatasetState.EXHAUSTED) is (BUDGET - spent < expected)
+        mean = snap.tokens / snap.samples
+        spread = math.sqrt(max(0.0, tokens_sq / snap.samples - mean * mean))
+        need = math.ceil(tokens_sq / snap.tokens + 2 * spread)
+        assert (snap.state == DatasetState.EXHAUSTED) is (BUDGET - spent < need)

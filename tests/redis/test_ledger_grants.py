@@ -487,14 +487,18 @@ def test_a_discard_answer_that_would_pass_the_budget_and_its_one_percent_is_thro
         assert ledger.admit(DS, sid, "a1").admission is Admission.OK
 
     assert ledger.commit(DS, "s1", "a1", 950) is CommitOutcome.COMMITTED  # 951 of 1,010
-    assert ledger.commit(DS, "s2", "a1", 60) is CommitOutcome.OVER_LIMIT  # 1,011: past the slack
     assert ledger.commit(DS, "s3", "a1", 59) is CommitOutcome.COMMITTED  # 1,010: the slack's end
+    assert ledger.stop_reasons([DS]) == {DS: ""}  # the slack is no lowered budget
+    assert ledger.commit(DS, "s2", "a1", 60) is CommitOutcome.OVER_LIMIT  # 1,070: past the slack
 
     snap = ledger.snapshot(DS)
-    assert (snap.tokens, snap.samples, snap.wasted_tokens, snap.inflight) == (1010, 3, 60, 0)
-    assert snap.truncated == 0  # none cut
-    assert pending(redis_client) == {"s2": "limit"}  # not lost: dropped by the limit
-    assert ledger.stop_reasons([DS]) == {DS: ""}  # the slack is no lowered budget
+    assert (snap.tokens, snap.samples, snap.inflight, snap.truncated) == (1010, 3, 0, 0)  # none cut
+    # thrown away whole, and counted against the budget: spent past the pool, what still runs of the
+    # dataset is stopped at once (each would be thrown away too), and the dataset is exhausted
+    assert (snap.discarded_tokens, snap.wasted_tokens) == (60, 60)
+    assert ledger.stop_reasons([DS]) == {DS: "budget"}
+    assert snap.state == DatasetState.EXHAUSTED
+    assert pending(redis_client) == {"s2": "discarded"}  # not lost: dropped by the budget
 
 
 def test_discard_is_exhausted_once_less_than_one_answer_needs_is_left_and_truncate_once_nothing_is(
