@@ -276,20 +276,26 @@ local function drain_full(figures, inflight, budget)
 end
 
 -- discard only: {committed + discarded, live, the length a generation in flight is expected to have in all
--- (discard_length; max_new_tokens before any is committed), the spread of the lengths (0 before any)}.
+-- (discard_length), the spread of the lengths, the answers committed, max_new_tokens}.
 local function discard_figures(ledger)
   local tokens, tokens_sq, samples = num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')
-  local mean = discard_length(tokens, tokens_sq, samples)
-  if mean <= 0 then mean = num(ledger, 'max_new_tokens') end
-  if mean <= 0 then mean = 128 end
-  return {spent(ledger), num(ledger, 'live_tokens'), mean, discard_spread(tokens, tokens_sq, samples)}
+  local max_new = num(ledger, 'max_new_tokens')
+  if max_new <= 0 then max_new = 128 end
+  return {spent(ledger), num(ledger, 'live_tokens'), discard_length(tokens, tokens_sq, samples),
+    discard_spread(tokens, tokens_sq, samples), samples, max_new}
 end
 
 -- discard only: whether ``n`` generations in flight (the one to start included) could not be expected to
 -- end within the budget: what is spent, and what those in flight are expected to need in all
 -- (discard_need), or what they have produced where that is more (drain's rule, with discard's need).
+-- The committed lengths say what an answer needs only once at least ``n`` answers are committed: the
+-- first to end are the short ones (at 1,024 in flight and a 400k budget, trusting them started far more
+-- than the budget held, and 390k tokens were thrown away); until then each is expected to need its whole
+-- max_new_tokens.
 local function discard_full(figures, n, budget)
-  return figures[1] + math.max(figures[2], discard_need(n, figures[3], figures[4])) > budget
+  local mean, spread = figures[3], figures[4]
+  if figures[5] < n or mean <= 0 then mean, spread = figures[6], 0 end
+  return figures[1] + math.max(figures[2], discard_need(n, mean, spread)) > budget
 end
 
 local function drain_blocked(ledger, leases, budget)

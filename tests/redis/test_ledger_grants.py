@@ -443,22 +443,36 @@ def fill(ledger: Ledger, prefix: str = "f", want: int = 0, limit: int = 500) -> 
 def test_discard_admits_while_committed_live_and_a_mean_answer_per_generation_in_flight_fit(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=100, on_budget="discard")
-    commit_new(ledger, "c", 20)  # the mean committed length: 20
+    make(ledger, token_budget=300, on_budget="discard")
+    for i in range(10):
+        commit_new(ledger, f"c{i}", 20)  # the committed length: 20, ten times
 
-    # 20 + n x 20 <= 100 for n = 1..4 in flight; a fifth would be expected to pass the budget
+    # 200 + n x 20 <= 300 for n = 1..5 in flight; a sixth would be expected to pass the budget
     caps = fill(ledger, "s", want=5)
 
-    assert caps == [0] * 4  # nothing reserved: each is sent with its whole want
+    assert caps == [0] * 5  # nothing reserved: each is sent with its whole want
     assert ledger.snapshot(DS).reserved_tokens == 0
 
 
-def test_discard_keeps_two_spreads_of_the_sum_of_the_answers_in_flight_as_a_margin(ledger: Ledger) -> None:
+def test_discard_expects_max_new_tokens_of_each_answer_in_flight_past_the_number_committed(
+    ledger: Ledger,
+) -> None:
     make(ledger, token_budget=1000, on_budget="discard")
-    commit_new(ledger, "c1", 10)
-    commit_new(ledger, "c2", 30)  # expected length (100 + 900) / 40 = 25; spread 10
+    for i in range(10):
+        commit_new(ledger, f"c{i}", 20)
 
-    # 40 + 25 n + 2 x 10 x sqrt(n) <= 1000 up to n = 33 (979.9; 34: 1006.6); without the margin, 38
+    # up to 10 in flight, 20 each; past the 10 committed (the first answers to end are the short ones),
+    # max_new_tokens (64) each: 200 + 12 x 64 = 968 <= 1000 < 200 + 13 x 64
+    assert len(fill(ledger, "s")) == 12
+
+
+def test_discard_keeps_two_spreads_of_the_sum_of_the_answers_in_flight_as_a_margin(ledger: Ledger) -> None:
+    make(ledger, token_budget=1760, on_budget="discard")
+    for i in range(20):
+        commit_new(ledger, f"a{i}", 10)
+        commit_new(ledger, f"b{i}", 30)  # expected length (20 x 100 + 20 x 900) / 800 = 25; spread 10
+
+    # 800 + 25 n + 2 x 10 x sqrt(n) <= 1760 up to n = 33 (1739.9; 34: 1766.6); without the margin, 38
     assert len(fill(ledger, "s")) == 33
 
 
@@ -466,15 +480,16 @@ def test_discard_counts_live_tokens_in_its_admission_rule_where_they_pass_what_i
     ledger: Ledger,
 ) -> None:
     make(ledger, token_budget=100, on_budget="discard")
-    commit_new(ledger, "c", 20)
+    for i in range(4):
+        commit_new(ledger, f"c{i}", 5)  # 20 committed
     lease(ledger, "s1", want=5)
-    # expected of the two in flight: 2 x 20; what s1 has produced counts where it is more (drain's rule)
-    assert ledger.renew_many(DS, [("s1", "a1", 40)]) == [True]  # 20 + max(40, 2 x 20) = 60
+    # expected of the two in flight: 2 x 5; what s1 has produced counts where it is more (drain's rule)
+    assert ledger.renew_many(DS, [("s1", "a1", 40)]) == [True]  # 20 + max(40, 2 x 5) = 60
     assert ledger.admit(DS, "s2", "a1", want=5).admission is Admission.OK
     assert ledger.renew_many(DS, [("s1", "a1", 75), ("s2", "a1", 6)]) == [True, True]  # 20 + 81 > 100
 
     assert ledger.admit(DS, "s3", "a1", want=5).admission is Admission.LIMIT
-    assert ledger.renew_many(DS, [("s1", "a1", 74)]) == [True]  # 20 + max(80, 3 x 20) = 100
+    assert ledger.renew_many(DS, [("s1", "a1", 74)]) == [True]  # 20 + max(80, 3 x 5) = 100
     assert ledger.admit(DS, "s3", "a2", want=5).admission is Admission.OK
 
 

@@ -153,13 +153,14 @@ def test_enqueue_under_discard_returns_budget_in_flight_once_the_answers_expecte
     make(ledger, token_budget=1000, on_budget="discard")
     commit_new(ledger, "c", 250)  # the mean committed length: 250
     assert lease(ledger, "l", "a") == 0  # discard reserves nothing
-    # 250 committed + 2 in flight x 250 = 750 <= 1000
+    # one answer committed: each in flight past it is expected to need max_new_tokens (64):
+    # 250 + 2 x 64 <= 1000
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
     assert lease(ledger, "s1", "a") == 0
-    # 250 + 3 x 250 = 1000 <= 1000: one more fits
+    # 250 + 3 x 64 <= 1000: one more fits
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
-    # what runs has produced more than the 3 x 250 expected of it: 250 + 751 > 1000, though the pool has room
+    # what runs has produced more than expected of it: 250 + 751 > 1000, though the pool has room
     report_live(ledger, "l", "a", 751)
 
     assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
