@@ -317,9 +317,10 @@ local function budget_blocked(ledger, leases)
   if not budget then return false end
   local mode = redis.call('HGET', ledger, 'on_budget')
   if mode == 'drain' then return drain_blocked(ledger, leases, budget) end
-  local leased = redis.call('ZCARD', leases)
+  if mode == 'discard' then
+    return discard_full(discard_figures(ledger), redis.call('ZCARD', leases) + 1, budget)
+  end
   local left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
-  if mode == 'discard' then return discard_full(discard_figures(ledger), leased + 1, budget) end
   return not new_may_start(left, clock_figures(ledger), now_ms(), max_want(ledger), 0, 0, budget)
 end
 

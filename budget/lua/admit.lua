@@ -4,8 +4,8 @@
 -- ARGV: lease_ms, then for each sample: sid, attempt, want (the most tokens its generation may produce:
 --       max_new_tokens, times the replies of a conversation that regenerates them all; 0: the dataset's
 --       max_new_tokens), whole (1: its generation cannot be continued past a grant, a conversation or a
---       text prompt: kept for the callers; truncate grants it as any other at send time, and it is cut at
---       its grant; discard reserves nothing)
+--       text prompt); want and whole are no longer read here (truncate grants at send time, discard
+--       reserves nothing): the callers keep sending them
 -- Returns {state, spec_json, verdict_1, cap_1, verdict_2, cap_2, ...}, per sample in order. verdict:
 --   ok        generate; the caller holds the sample's lease until commit, fail or release
 --   done      already committed (a second delivery); nothing to do
@@ -33,7 +33,7 @@ local is_done = redis.call('HMGET', done, unpack(sids))
 local is_failed = redis.call('HMGET', failed, unpack(sids))
 local leased = redis.call('ZMSCORE', leases, unpack(sids))
 
-local budget, mode, left, drain, discard, deferred = nil, nil, 0, nil, nil, false
+local budget, mode, drain, discard, deferred = nil, nil, nil, nil, false
 local max, taken, leased_before = nil, 0, 0
 if state == 'active' then
   budget = limit(ledger, 'token_budget')
@@ -42,12 +42,12 @@ if state == 'active' then
     if mode == 'drain' then
       drain = drain_figures(ledger, leases)
     else
-      left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
       leased_before = redis.call('ZCARD', leases)
       if mode == 'discard' then
         discard = discard_figures(ledger)
       else
         -- truncate: granted at send time (grant.lua); admitted while a new generation may start
+        local left = grant_pool(mode, budget) - spent(ledger) - num(ledger, 'reserved_tokens')
         deferred = new_may_start(left, clock_figures(ledger), now, max_want(ledger), 0, 0, budget)
       end
     end
@@ -56,17 +56,11 @@ if state == 'active' then
   if max then taken = num(ledger, 'samples') + redis.call('ZCARD', leases) end
 end
 
--- read once for the group: a command per sample would make the call's cost grow with the group
--- (a dataset registered without max_new_tokens: SGLang's own default, 128, which its requests then get)
-local default_want = num(ledger, 'max_new_tokens')
-if default_want <= 0 then default_want = 128 end
 local out = {state, ''}
-local back, ok_sids, lease_args, owner_args, reserve_args, seen = {}, {}, {}, {}, {}, {}
-local reserved_now = 0
+local back, ok_sids, lease_args, owner_args, seen = {}, {}, {}, {}, {}
 for i = 1, n do
   local at = STRIDE * (i - 1) + 1
-  local sid, attempt, want = sids[i], ARGV[at + 2], tonumber(ARGV[at + 3]) or 0
-  if want <= 0 then want = default_want end
+  local sid, attempt = sids[i], ARGV[at + 2]
   local verdict, cap = 'ok', 0
   if is_done[i] then
     verdict = 'done'
@@ -97,11 +91,6 @@ for i = 1, n do
     owner_args[#owner_args + 1] = sid
     owner_args[#owner_args + 1] = attempt
     seen[sid] = true
-    if cap > 0 then  -- discard: reserved now (truncate's -1: at send time)
-      reserve_args[#reserve_args + 1] = sid
-      reserve_args[#reserve_args + 1] = cap
-      reserved_now = reserved_now + cap
-    end
   elseif verdict ~= 'done' and verdict ~= 'failed' and verdict ~= 'leased' then
     back[#back + 1] = sid
     back[#back + 1] = verdict
@@ -114,10 +103,6 @@ if #ok_sids > 0 then
   redis.call('HDEL', pending, unpack(ok_sids))
   redis.call('ZADD', leases, unpack(lease_args))
   redis.call('HSET', owners, unpack(owner_args))
-  if reserved_now > 0 then
-    redis.call('HSET', reserved, unpack(reserve_args))
-    redis.call('HINCRBY', ledger, 'reserved_tokens', reserved_now)
-  end
   out[2] = redis.call('GET', spec) or ''
 end
 return out
