@@ -141,7 +141,8 @@ if #back > 0 then redis.call('HSET', pending, unpack(back)) end
 if (new_samples > 0 or thrown > 0) and (state == 'active' or state == 'exhausted') then
   local reached = (max and samples >= max)
     or (budget and budget_reached(budget, tokens + discarded,
-      floor_of(mode, tonumber(f[15]) or 0, discard_one(tokens, tokens_sq, samples))))
+      floor_of(mode, tonumber(f[15]) or 0,
+        discard_one(tokens, tokens_sq, samples, budget))))
   if reached then state = 'exhausted' else state = 'active' end
   out[1] = state
 end

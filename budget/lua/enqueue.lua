@@ -4,17 +4,19 @@
 -- ARGV: window, sid1, sid2, ...
 -- Returns one code per sid, in order, possibly fewer than asked:
 --   1 = publish it (now in the queued set), 0 = skip it (done, failed, queued or in flight);
--- the list ends early with -1 when the window (or the sample cap) is full, and is {-2} when the
--- dataset is not active and {-3} when no generation may start for its token budget (see budget_blocked
--- in _lib.lua).
+-- the list ends early with -1 when the window (or the sample cap, or the token budget) is full, and is
+-- {-2} when the dataset is not active and {-3} when no generation may start for its token budget (see
+-- budget_room in _lib.lua).
 if redis.call('HGET', ledger, 'state') ~= 'active' then return {-2} end
-if budget_blocked(ledger, leases) then return {-3} end
 local room = tonumber(ARGV[1]) - redis.call('ZCARD', queued)
 local max = limit(ledger, 'max_samples')
 if max then
   local cap = max - num(ledger, 'samples') - redis.call('ZCARD', leases) - redis.call('ZCARD', queued)
   if cap < room then room = cap end
 end
+local budget_cap = budget_room(ledger, leases, queued, math.max(room, 1))
+if budget_cap <= 0 then return {-3} end
+if budget_cap < room then room = budget_cap end
 local out = {}
 if #ARGV < 2 then return out end
 local sids = {}

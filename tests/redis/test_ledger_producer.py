@@ -153,11 +153,11 @@ def test_enqueue_under_discard_returns_budget_in_flight_once_the_answers_expecte
     make(ledger, token_budget=1000, on_budget="discard")
     commit_new(ledger, "c", 250)  # the mean committed length: 250
     assert lease(ledger, "l", "a") == 0  # discard reserves nothing
-    # one answer committed: each in flight past it is expected to need max_new_tokens (64):
-    # 250 + 2 x 64 <= 1000
+    # one answer committed: one in flight is expected to need its length (250), each past it
+    # max_new_tokens (64): 250 + 250 + 64 <= 1000
     assert ledger.enqueue(DS, ["s1"], window=10) == [PUB]
     assert lease(ledger, "s1", "a") == 0
-    # 250 + 3 x 64 <= 1000: one more fits
+    # 250 + 250 + 2 x 64 <= 1000: one more fits
     assert ledger.enqueue(DS, ["s2"], window=10) == [PUB]
 
     # what runs has produced more than expected of it: 250 + 751 > 1000, though the pool has room
@@ -166,6 +166,24 @@ def test_enqueue_under_discard_returns_budget_in_flight_once_the_answers_expecte
     assert ledger.enqueue(DS, ["s3"], window=10) == [ENQUEUE_BUDGET_IN_FLIGHT]
     assert ledger.admit(DS, "s2", "a").admission is Admission.LIMIT
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
+
+
+def test_enqueue_under_discard_publishes_no_more_than_admission_will_take_counting_the_queued_ones(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=1000, on_budget="discard")
+    for i in range(10):
+        commit_new(ledger, f"c{i}", 20)  # 200 spent; ten answers of 20 committed
+    sids = [f"s{i}" for i in range(30)]
+
+    # as admission counts them: 20 for each of the first 10 in flight, max_new_tokens (64) for each past
+    # that: 200 + 10 x 20 + 9 x 64 = 976 <= 1000 < 200 + 200 + 10 x 64; the window (100) is not the limit
+    assert ledger.enqueue(DS, sids, window=100) == [PUB] * 19 + [FULL]
+    assert ledger.enqueue(DS, sids[19:], window=100) == [ENQUEUE_BUDGET_IN_FLIGHT]
+
+    # every sample published is admitted: none is turned away to wait as pending
+    assert [ledger.admit(DS, sid, "a").admission for sid in sids[:19]] == [Admission.OK] * 19
+    assert ledger.snapshot(DS).pending == 0
 
 
 def test_enqueue_under_drain_counts_committed_live_and_expected_tokens_against_the_budget(
