@@ -77,6 +77,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "mean400": {"sim": {"output_len_mean": 400, "output_len_sigma": 0.5}, "max_new_tokens": 4096},
     "mean2000": {"sim": {"output_len_mean": 2000, "output_len_sigma": 0.3}, "max_new_tokens": 8000},
     "short": {"sim": {"fixed_output_len": 7}, "max_new_tokens": 8},
+    "fixed100": {"sim": {"fixed_output_len": 100}, "max_new_tokens": 128, "samples": 1500},
 }
 
 
@@ -297,7 +298,12 @@ def section_fleet(args: argparse.Namespace) -> list[str]:
             time.sleep(10)
             empty_cpu_s_per_s = rmeter.stop()["cpu_s"] / 10
             url = stack.enter_context(
-                sim_process(step_time_s=args.step_time_s, max_running_requests=args.inflight, **w["sim"])
+                sim_process(
+                    step_time_s=args.step_time_s,
+                    step_time_per_request_s=args.step_time_per_request_s,
+                    max_running_requests=args.inflight,
+                    **w["sim"],
+                )
             )
             worker_pids = stack.enter_context(workers(redis_url, args.processes, None, Path(tmp) / "logs"))
             sim_pids = pids_matching("tokenfleet.sim")
@@ -563,6 +569,7 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
                 embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
                 sim_process(
                     step_time_s=args.step_time_s,
+                    step_time_per_request_s=args.step_time_per_request_s,
                     max_running_requests=inflight,
                     output_len_mean=400,
                     output_len_sigma=0.5,
@@ -681,7 +688,12 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
             with (
                 tempfile.TemporaryDirectory() as tmp,
                 embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
-                sim_process(step_time_s=args.step_time_s, max_running_requests=inflight, **w["sim"]) as url,
+                sim_process(
+                    step_time_s=args.step_time_s,
+                    step_time_per_request_s=args.step_time_per_request_s,
+                    max_running_requests=inflight,
+                    **w["sim"],
+                ) as url,
                 workers(redis_url, args.processes, None, Path(tmp) / "logs"),
             ):
                 # enough prompts for the budget and a full server to its end, whatever the lengths drawn
@@ -818,11 +830,19 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
     for workload in args.default_workloads:
         w = WORKLOADS[workload]
         for inflight in args.default_inflight:
-            n = max(4 * inflight, 600 if workload == "mean400" else 6000) * args.default_scale
+            n = (
+                max(4 * inflight, w.get("samples", 600 if workload == "mean400" else 6000))
+                * args.default_scale
+            )
             with (
                 tempfile.TemporaryDirectory() as tmp,
                 embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
-                sim_process(step_time_s=args.step_time_s, max_running_requests=inflight, **w["sim"]) as url,
+                sim_process(
+                    step_time_s=args.step_time_s,
+                    step_time_per_request_s=args.step_time_per_request_s,
+                    max_running_requests=inflight,
+                    **w["sim"],
+                ) as url,
                 workers(redis_url, 1, None, Path(tmp) / "logs"),
             ):
                 ratios, a_tps, f_tps, extra_s, steady, starts, ends = [], [], [], [], [], [], []
@@ -991,6 +1011,12 @@ def main() -> int:
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--step-time-s", type=float, default=0.02)
+    p.add_argument(
+        "--step-time-per-request-s",
+        type=float,
+        default=0.0,
+        help="the simulator's step grows by this per running request (a GPU's does with its batch)",
+    )
     p.add_argument(
         "--extra", default="", help="fleet: extra top-level config lines (e.g. samples_per_task = 1)"
     )

@@ -170,6 +170,21 @@ def test_engine_runs_at_most_max_running_requests_and_admits_the_rest_in_order()
     run_with_engine(config, scenario)
 
 
+def test_a_decode_step_takes_longer_with_each_running_request_where_configured() -> None:
+    # 4 running, 5 tokens each: the step that admits them takes what the batch before it held (none), the
+    # 4 after it at least 4 x 10 ms each (a lower bound: sleeps are never shorter)
+    config = SimConfig(step_time_s=0.0, step_time_per_request_s=0.01, fixed_output_len=5)
+
+    async def scenario(engine: SimEngine) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        requests = [engine.submit(f"r{i}", [i], SamplingSpec(5), None) for i in range(4)]
+        await until_done(*requests)
+        assert loop.time() - started >= 4 * 4 * 0.01
+
+    run_with_engine(config, scenario)
+
+
 def test_streaming_requests_are_woken_at_the_first_token_then_every_interval() -> None:
     config = SimConfig(step_time_s=0.001, fixed_output_len=11)
 

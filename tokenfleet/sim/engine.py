@@ -55,6 +55,7 @@ RUNTIME_KNOBS: Final[frozenset[str]] = frozenset(
         "drop_rate",
         "abort_rate",
         "step_time_s",
+        "step_time_per_request_s",
         "fixed_output_len",
         "output_len_mean",
         "wedged",
@@ -76,6 +77,10 @@ class SimConfig:
     host: str = field(default="127.0.0.1", metadata=_help("address to listen on"))
     port: int = field(default=30000, metadata=_help("port to listen on; 0 picks a free one"))
     step_time_s: float = field(default=0.01, metadata=_help("one decode step for all running requests"))
+    step_time_per_request_s: float = field(
+        default=0.0,
+        metadata=_help("added to each decode step per running request (a GPU's step grows with its batch)"),
+    )
     max_running_requests: int | None = field(
         default=None,
         metadata=_help(
@@ -221,6 +226,8 @@ def _check_config(config: SimConfig) -> None:
     ]
     if config.step_time_s < 0:
         problems.append("step_time_s must not be negative")
+    if config.step_time_per_request_s < 0:
+        problems.append("step_time_per_request_s must not be negative")
     if config.output_len_sigma < 0:
         problems.append("output_len_sigma must not be negative")
     if config.vocab_size <= FIRST_REGULAR_TOKEN + 1:
@@ -760,7 +767,7 @@ class SimEngine:
                 self._work.clear()
                 await self._work.wait()
                 deadline = loop.time()
-            step_s = self.config.step_time_s
+            step_s = self.config.step_time_s + self.config.step_time_per_request_s * len(self._running)
             deadline += step_s
             now = loop.time()
             if deadline < now - step_s:
