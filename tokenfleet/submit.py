@@ -486,10 +486,12 @@ def run_submit(
     console.print(f"submitted {len(states)} dataset(s) to {redact_url(cfg.redis_url)}; waiting for workers")
 
     inflight = wanted_inflight(cfg, servers)
+    rates: dict[str, float] = {}  # answers a second per dataset, from the feeder's last round
     sizer = GroupSizer(
         dict.fromkeys((ds.name for ds in cfg.datasets), inflight),
         say=lambda line: console.print(escape(line), soft_wrap=True),
         task_threads=lambda: sum(int(w.get("concurrency") or 0) for w in ledger.workers()),
+        rate=lambda name: rates.get(name, 0.0),
     )
     if window is None:
         window = queue_window(inflight)
@@ -513,6 +515,7 @@ def run_submit(
 
     def observed(show: Callable[[list[DatasetSnapshot]], None]) -> Callable[[list[DatasetSnapshot]], None]:
         def tick(snaps: list[DatasetSnapshot]) -> None:
+            rates.update((s.name, s.samples_per_s) for s in snaps)
             if observer is not None:
                 observer(snaps)
             show(snaps)

@@ -1,0 +1,181 @@
+"""How fast can a discard budget be? A model of whole-answer scheduling, not a measurement.
+
+``on_budget = "discard"`` keeps whole answers only, and an answer's length is unknown until it ends: a
+scheduler must stop starting answers once those in flight are expected to fill what the budget has left,
+and then wait for the longest of them. This script puts a number on that limit. It steps an idealised
+server (``slots`` generations, one token each per step, nothing else costs time) and compares, on the
+same lognormal lengths:
+
+- **none**: no budget; the time until the budget's tokens were generated (the bench's baseline);
+- **tokenfleet**: discard's admission rule as ``budget/lua/_lib.lua`` (``discard_full``) has it, learning
+  the lengths from the answers committed so far (a copy of the rule: keep the two in step);
+- **knows the lengths**: the same rule given the lengths' true distribution from the first step: what no
+  scheduler can beat without knowing each answer's length in advance.
+
+Both keep what the ledger keeps: an answer whose commit would pass the budget plus its 1% slack is thrown
+away whole and stops what still runs. Ratios are to ``none``; medians over seeds.
+
+    python bench/discard_limit.py                  # the cells of docs/budgets.md
+    python bench/discard_limit.py --budget 10000000 --slots 1024 --mean 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import median
+
+DISCARD_SLACK = 0.01
+DISCARD_SIGMAS = 2
+
+#: (slots, budget, mean, sigma, max_new_tokens): the bench's budget-speed cells.
+CELLS = [
+    (64, 400_000, 400, 0.5, 4096),
+    (256, 400_000, 400, 0.5, 4096),
+    (1024, 400_000, 400, 0.5, 4096),
+    (64, 400_000, 2000, 0.3, 16_000),
+    (256, 400_000, 2000, 0.3, 16_000),
+    (1024, 400_000, 2000, 0.3, 16_000),
+    (1024, 10_000_000, 2000, 0.3, 16_000),
+]
+
+
+@dataclass
+class Ledger:
+    """What the rule reads: spent (committed + thrown away), committed lengths' sums, answers."""
+
+    spent: int = 0
+    tokens: int = 0
+    tokens_sq: int = 0
+    samples: int = 0
+
+
+#: Whether ``n`` in flight (the next one included) would not fit: (n, ledger, live, budget, max_new).
+Rule = Callable[[int, Ledger, int, int, int], bool]
+
+
+def fits(spent: int, live: int, mean_need: float, margin_need: float, budget: int) -> bool:
+    slack = math.floor(budget * DISCARD_SLACK)
+    return spent + max(live, mean_need) <= budget and spent + max(live, margin_need) <= budget + slack
+
+
+def tokenfleet_rule(n: int, led: Ledger, live: int, budget: int, max_new: int) -> bool:
+    """discard_full: the committed lengths (length-biased) for as many in flight as are committed,
+    max_new_tokens for each past that; on average within the budget, two spreads within its slack."""
+    mean = led.tokens_sq / led.tokens if led.tokens else 0.0
+    spread = 0.0
+    if led.samples:
+        spread = math.sqrt(max(0.0, led.tokens_sq / led.samples - (led.tokens / led.samples) ** 2))
+    trusted = min(n, led.samples) if mean > 0 else 0
+    beyond = (n - trusted) * max_new
+    margin = DISCARD_SIGMAS * spread * math.sqrt(trusted)
+    return not fits(led.spent, live, trusted * mean + beyond, trusted * mean + margin + beyond, budget)
+
+
+def knowing_rule(mean: float, sigma: float) -> Rule:
+    """The same rule, given the lognormal's true length-biased mean and spread from the start."""
+    biased = mean * math.exp(sigma**2)
+    spread = mean * math.sqrt(math.exp(sigma**2) - 1)
+
+    def full(n: int, led: Ledger, live: int, budget: int, max_new: int) -> bool:
+        return not fits(
+            led.spent, live, n * biased, n * biased + DISCARD_SIGMAS * spread * math.sqrt(n), budget
+        )
+
+    return full
+
+
+def lengths(mean: float, sigma: float, max_new: int, seed: int) -> Callable[[], int]:
+    rnd = random.Random(seed)
+    mu = math.log(mean) - sigma**2 / 2
+    return lambda: min(max_new, max(1, round(rnd.lognormvariate(mu, sigma))))
+
+
+def run_budget(
+    slots: int, budget: int, draw: Callable[[], int], max_new: int, rule: Rule
+) -> tuple[int, int, int]:
+    """Steps until nothing runs, tokens kept, tokens thrown away."""
+    led, running, steps, thrown, stopped = Ledger(), [], 0, 0, False
+    while True:
+        while not stopped and len(running) < slots:
+            if rule(len(running) + 1, led, sum(p for _, p in running), budget, max_new):
+                break
+            running.append([draw(), 0])
+        if not running:
+            return steps, led.tokens, thrown
+        steps += 1
+        for r in running:
+            r[1] += 1
+        ended = [r[0] for r in running if r[1] >= r[0]]
+        running = [r for r in running if r[1] < r[0]]
+        for length in ended:
+            if led.spent + length > budget + math.floor(budget * DISCARD_SLACK):
+                # thrown away whole; what still runs is stopped (each would be thrown away too)
+                thrown += length + sum(p for _, p in running)
+                led.spent += length + sum(p for _, p in running)
+                running, stopped = [], True
+                break
+            led.spent += length
+            led.tokens += length
+            led.tokens_sq += length * length
+            led.samples += 1
+
+
+def run_none(slots: int, budget: int, draw: Callable[[], int]) -> int:
+    """Steps until ``budget`` tokens were generated with every slot busy."""
+    want = [draw() for _ in range(slots)]
+    done = [0] * slots
+    generated = steps = 0
+    while generated < budget:
+        steps += 1
+        for i in range(slots):
+            done[i] += 1
+            generated += 1
+            if done[i] >= want[i]:
+                want[i], done[i] = draw(), 0
+    return steps
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--slots", type=int)
+    p.add_argument("--budget", type=int)
+    p.add_argument("--mean", type=float)
+    p.add_argument("--sigma", type=float)
+    p.add_argument("--max-new", type=int)
+    p.add_argument("--seeds", type=int, default=3)
+    args = p.parse_args()
+    cells = CELLS
+    if args.slots or args.budget or args.mean:
+        mean = args.mean or 400
+        sigma = args.sigma or (0.5 if mean < 1000 else 0.3)
+        cells = [(args.slots or 256, args.budget or 400_000, mean, sigma, args.max_new or int(mean * 8))]
+    print(
+        "| slots | budget | mean (sigma) | max_new | tokenfleet / none | knows the lengths / none "
+        "| thrown away (tokenfleet) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for slots, budget, mean, sigma, max_new in cells:
+        ours, known, thrown = [], [], []
+        for seed in range(args.seeds):
+            base = run_none(slots, budget, lengths(mean, sigma, max_new, seed))
+            s, _, t = run_budget(slots, budget, lengths(mean, sigma, max_new, seed), max_new, tokenfleet_rule)
+            k, _, _ = run_budget(
+                slots, budget, lengths(mean, sigma, max_new, seed), max_new, knowing_rule(mean, sigma)
+            )
+            ours.append(s / base)
+            known.append(k / base)
+            thrown.append(t)
+        print(
+            f"| {slots:,} | {budget:,} | {mean:g} ({sigma:g}) | {max_new:,} | {median(ours):.2f}x "
+            f"| {median(known):.2f}x | {median(thrown):,.0f} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""samples_per_task = "auto": groups sized from the servers' caps, the task threads, and the answers' rate."""
+
+from tokenfleet.publish import MAX_GROUP, TASKS_PER_S, GroupSizer, group_for_rate, group_size
+
+
+def test_groups_hold_about_three_times_the_servers_caps_over_the_task_threads_online() -> None:
+    assert group_size(64, task_threads=64) == 3
+    assert group_size(1024, task_threads=64) == MAX_GROUP
+
+
+def test_a_slow_dataset_needs_no_larger_group_for_its_rate() -> None:
+    assert group_for_rate(0.0) == 1
+    assert group_for_rate(TASKS_PER_S) == 1
+
+
+def test_a_fast_dataset_gets_the_least_power_of_two_group_within_the_messages_a_second() -> None:
+    assert group_for_rate(TASKS_PER_S * 1.1) == 2
+    assert group_for_rate(600.0) == 16  # 7-token answers at 64 in flight: 600 / 40 = 15
+    assert group_for_rate(1e9) == MAX_GROUP
+
+
+def test_the_sizer_takes_the_larger_of_the_two_sizes_and_never_shrinks_one_for_the_rate() -> None:
+    rates = {"fast": 600.0}
+    said: list[str] = []
+    sizer = GroupSizer({"fast": 64}, say=said.append, task_threads=lambda: 64, rate=lambda n: rates[n])
+
+    assert sizer("fast") == 16
+    rates["fast"] = 10.0  # the dataset's end: few answers left
+    assert sizer("fast") == 16
+    assert said == [
+        "fast: 16 sample(s) per task (64 generations at once on its servers, 64 task threads online; "
+        "600 answers/s)"
+    ]
+
+
+def test_the_sizer_keeps_the_caps_size_while_the_rate_is_unknown() -> None:
+    sizer = GroupSizer({"d": 64}, task_threads=lambda: 64)
+    assert sizer("d") == 3
