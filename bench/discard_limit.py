@@ -9,8 +9,9 @@ same lognormal lengths:
 - **none**: no budget; the time until the budget's tokens were generated (the bench's baseline);
 - **tokenfleet**: discard's admission rule as ``budget/lua/_lib.lua`` (``discard_full``) has it, learning
   the lengths from the answers committed so far (a copy of the rule: keep the two in step);
-- **knows the lengths**: the same rule given the lengths' true distribution from the first step: what no
-  scheduler can beat without knowing each answer's length in advance.
+- **knows the lengths**: the same rule given the lengths' true distribution from the first step: what
+  learning the lengths could at best give this rule (not a bound on every scheduler: one that risked
+  more answers past the slack could be faster).
 
 Both keep what the ledger keeps: an answer whose commit would pass the budget plus its 1% slack is thrown
 away whole and stops what still runs. Ratios are to ``none``; medians over seeds.
