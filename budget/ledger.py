@@ -521,9 +521,17 @@ class Ledger:
         call per ``ENQUEUE_CHUNK`` ids (a Lua call takes a bounded number of arguments)."""
         codes: list[int] = []
         for start in range(0, max(1, len(sample_ids)), ENQUEUE_CHUNK):
-            chunk = self._call("enqueue", name, [window, *sample_ids[start : start + ENQUEUE_CHUNK]])
-            codes += [int(c) for c in chunk]
-            if not chunk or int(chunk[-1]) < 0:  # the window is full, or the dataset may not start any
+            chunk = [
+                int(c)
+                for c in self._call("enqueue", name, [window, *sample_ids[start : start + ENQUEUE_CHUNK]])
+            ]
+            if codes and chunk and chunk[0] in (ENQUEUE_NOT_ACTIVE, ENQUEUE_BUDGET_IN_FLIGHT):
+                # a later chunk may publish none (the earlier ones filled what the budget lets through,
+                # or the dataset stopped meanwhile): for the caller, the ids from here on wait, as at a
+                # full window (a code it reads only first would leave them neither published nor back)
+                chunk = [ENQUEUE_WINDOW_FULL]
+            codes += chunk
+            if not chunk or chunk[-1] < 0:  # the window is full, or the dataset may not start any
                 break
         return codes
 

@@ -8,13 +8,14 @@ import redis
 from budget import Admission, DatasetState, Ledger
 from budget.ledger import (
     ENQUEUE_BUDGET_IN_FLIGHT,
+    ENQUEUE_CHUNK,
     ENQUEUE_NOT_ACTIVE,
     ENQUEUE_PUBLISH,
     ENQUEUE_SKIP,
     ENQUEUE_WINDOW_FULL,
 )
 from tests.redis.grants import set_clock
-from tests.support.ledger import DS, commit_new, lease, make, queued, report_live
+from tests.support.ledger import DS, MAX_NEW, commit_new, lease, make, queued, report_live
 
 pytestmark = pytest.mark.redis
 
@@ -184,6 +185,21 @@ def test_enqueue_under_discard_publishes_no_more_than_admission_will_take_counti
     # every sample published is admitted: none is turned away to wait as pending
     assert [ledger.admit(DS, sid, "a").admission for sid in sids[:19]] == [Admission.OK] * 19
     assert ledger.snapshot(DS).pending == 0
+
+
+def test_ids_past_a_chunk_that_filled_the_budgets_room_come_back_as_waiting_not_silently_dropped(
+    ledger: Ledger,
+) -> None:
+    # nothing committed: each answer in flight is expected to need max_new_tokens, so the budget lets
+    # exactly one chunk through; the next chunk's call finds no room
+    make(ledger, token_budget=ENQUEUE_CHUNK * MAX_NEW, on_budget="discard")
+    sids = [f"s{i}" for i in range(ENQUEUE_CHUNK + 10)]
+
+    codes = ledger.enqueue(DS, sids, window=10 * ENQUEUE_CHUNK)
+
+    # the feeder puts back every id from the last code on (as at a full window): none is left unread
+    assert codes == [PUB] * ENQUEUE_CHUNK + [FULL]
+    assert ledger.snapshot(DS).queued == ENQUEUE_CHUNK
 
 
 def test_enqueue_under_drain_counts_committed_live_and_expected_tokens_against_the_budget(
