@@ -399,17 +399,10 @@ class OutputGuard:
                 and (last[2] or not held)
             ):
                 return
-            self._reported[dataset] = (problem, now, False)
+            self._reported[dataset] = (problem, now, held)
         try:
-            if problem:
-                snap = self._ledger.snapshot(dataset)
-                if snap.held:
-                    with self._lock:
-                        self._reported[dataset] = (problem, now, True)
-                    problem += (
-                        f"; {snap.held:,} sample(s) held in the ledger ({_size(snap.held_bytes)}), "
-                        "written once room comes back"
-                    )
+            # the ledger names the records held with the problem (output_problem.lua), from its count as
+            # the report lands: whichever report lands last names them all
             self._ledger.report_output_problem(dataset, self._reporter, problem)
         except LedgerError as e:
             log.warning("%s: could not report the output problem: %s", dataset, e)

@@ -83,3 +83,22 @@ def test_the_problem_names_the_held_records_once_the_first_is_held_right_after_t
     assert guard.hold(DS, "s1", "a1", {"id": "s1", "output_ids": [1, 2]}, 2)
     problem = ledger.snapshot(DS).output_error
     assert "No space left on device" in problem and "1 sample(s) held in the ledger" in problem
+
+
+def test_a_report_that_lands_after_a_record_was_held_names_it_whoever_read_the_count_before(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    # Another worker (or thread) saw the full disk before the record below was held and reports last:
+    # the problem left in the ledger must still name the held record (nothing reports again while the
+    # disk stays full).
+    make(ledger)
+    folder = tmp_path / "out" / DS
+    guard = OutputGuard(ledger, OutputSink())
+    guard.block(DS, folder, OutputUnwritable(f"cannot write {folder}: No space left on device"))
+    assert ledger.admit(DS, "s1", "a1").admission.value == "ok"
+    assert guard.hold(DS, "s1", "a1", {"id": "s1", "output_ids": [1, 2]}, 2)
+
+    ledger.report_output_problem(DS, "other-host:2", "cannot write /y: No space left on device")
+
+    problem = ledger.snapshot(DS).output_error
+    assert problem.startswith("other-host:2: cannot write /y") and "1 sample(s) held in the ledger" in problem
