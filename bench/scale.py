@@ -256,11 +256,28 @@ def run_fleet(
     dataset: dict[str, Any] = {"name": name, "rows": [{"input_ids": r} for r in rows]}
     if token_budget is not None:
         dataset |= {"token_budget": token_budget, "on_budget": policy}
+    elapsed = run_datasets(url, redis_url, [dataset], max_new_tokens, folder, extra=extra, sampling=sampling)
+    snap = Ledger.from_url(redis_url).snapshot(name)
+    return name, {"tokens": snap.tokens, "samples": snap.samples, "elapsed_s": elapsed}
+
+
+def run_datasets(
+    url: str,
+    redis_url: str,
+    datasets: list[dict[str, Any]],
+    max_new_tokens: int,
+    folder: Path,
+    *,
+    extra: str = "",
+    sampling: dict[str, Any] | None = None,
+) -> float:
+    """One ``tokenfleet submit`` of ``datasets`` (config tables) on the simulator at ``url`` with the
+    default worker; returns its seconds."""
     config = write_config(
         folder,
         redis_url=redis_url,
         servers=[url],
-        datasets=[dataset],
+        datasets=datasets,
         sampling={"max_new_tokens": max_new_tokens, "temperature": 0.7} | (sampling or {}),
     )
     text = config.read_text().replace('output_dir = "out"', f'output_dir = "out"\n{extra}')
@@ -270,9 +287,7 @@ def run_fleet(
     started = time.monotonic()
     with open(os.devnull, "w") as devnull:
         run_submit(cfg, Console(file=devnull), server_check=True)
-    elapsed = time.monotonic() - started
-    snap = Ledger.from_url(redis_url).snapshot(name)
-    return name, {"tokens": snap.tokens, "samples": snap.samples, "elapsed_s": elapsed}
+    return time.monotonic() - started
 
 
 # --- fleet: per-sample and per-token costs ----------------------------------------------------------
@@ -822,6 +837,139 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
     ]
 
 
+# --- budget-shared: several budgeted datasets on the same servers ----------------------------------------
+
+
+class SharedTimeline(TokenTimeline):
+    """The simulator's tokens, running requests and each dataset's tokens (by its rids' tag), read every
+    ``every_s``."""
+
+    def __init__(self, url: str, tags: list[str], every_s: float = 0.1) -> None:
+        super().__init__(url, every_s)
+        self.tags = tags
+        #: (tokens generated so far, requests running, each tag's tokens)
+        self.readings: list[tuple[int, int, list[int]]] = []
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.wait(self.every_s):
+                stats = client.get(self.url + "/sim/stats").json()
+                tokens = int(stats["generated_tokens"]) - self._base
+                by_tag = [int(stats["by_prefix"].get(tag, 0)) for tag in self.tags]
+                self.points.append((time.monotonic(), tokens))
+                self.readings.append((tokens, int(stats["running"]), by_tag))
+
+    def full_share(self, inflight: int, start: int, upto: int) -> float:
+        """The 10th percentile of running / ``inflight`` over the readings from ``start`` (an index) while
+        fewer than ``upto`` tokens were generated."""
+        shares = sorted(r / inflight for n, r, _ in self.readings[start:] if n < upto)
+        return shares[len(shares) // 10] if shares else float("nan")
+
+    def first_reading(self, test: Any) -> int | None:
+        return next((i for i, reading in enumerate(self.readings) if test(reading)), None)
+
+
+def section_budget_shared(args: argparse.Namespace) -> list[str]:
+    """Several datasets with different budgets submitted together on one server: each holds its budget,
+    and the server stays as full after the first is spent as before, until the last one's end."""
+    budgets = args.shared_budgets
+    inflight = args.shared_inflight
+    w = SPEED_WORKLOADS["mean400"]
+    mean = w["sim"]["output_len_mean"]
+    total = sum(budgets)
+    rows_out = []
+    cells: dict[str, list[dict[str, Any]]] = {}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
+        sim_process(
+            step_time_s=args.step_time_s,
+            step_time_per_request_s=args.step_time_per_request_s,
+            max_running_requests=inflight,
+            **w["sim"],
+        ) as url,
+        workers(redis_url, args.processes, None, Path(tmp) / "logs"),
+    ):
+        for i in range(args.repeats):
+            sources = [
+                prompts(int(b / mean * 1.3) + 2 * inflight, seed=900 + 10 * i + k)
+                for k, b in enumerate(budgets)
+            ]
+            for policy in ["none", *args.speed_policies]:
+                names = [f"shared{k}_{uuid.uuid4().hex[:6]}" for k in range(len(budgets))]
+                datasets = [
+                    {"name": name, "rows": [{"input_ids": r} for r in rows]}
+                    | ({} if policy == "none" else {"token_budget": b, "on_budget": policy})
+                    for name, rows, b in zip(names, sources, budgets, strict=True)
+                ]
+                timeline = SharedTimeline(url, [dataset_tag(n) for n in names])
+                started = time.monotonic()
+                with timeline:
+                    run_datasets(url, redis_url, datasets, w["max_new_tokens"], Path(tmp) / f"{policy}{i}")
+                stats = sim_stats(url)
+                ledger = Ledger.from_url(redis_url)
+                snaps = [ledger.snapshot(n) for n in names]
+                server = [int(stats["by_prefix"].get(dataset_tag(n), 0)) for n in names]
+                requests = sum(int(stats["requests_by_prefix"].get(dataset_tag(n), 0)) for n in names)
+                full_from = timeline.first_reading(lambda r: r[1] >= 0.9 * inflight) or 0
+                # from the reading where the first dataset had 98% of its budget: the others' stretch
+                first_spent = timeline.first_reading(
+                    lambda r: any(t >= 0.98 * b for t, b in zip(r[2], budgets, strict=True))
+                )
+                cell = {
+                    "s": (timeline._crossing(total) if policy == "none" else timeline.last_token_at())
+                    - started,
+                    "full": timeline.full_share(inflight, full_from, int(0.98 * total)),
+                    "full_after_first": timeline.full_share(
+                        inflight,
+                        first_spent if first_spent is not None else len(timeline.readings),
+                        int(0.98 * total),
+                    ),
+                    "past": [t / b - 1 for t, b in zip(server, budgets, strict=True)],
+                    "cut": sum(s.truncated for s in snaps),
+                    "requests": requests / max(1, sum(s.samples for s in snaps)),
+                }
+                cells.setdefault(policy, []).append(cell)
+                print(f"  shared {policy} run {i + 1}: {cell}", file=sys.stderr)
+    for policy, runs in cells.items():
+        ratios = [c["s"] / b["s"] for c, b in zip(runs, cells["none"], strict=True)]
+        rows_out.append(
+            [
+                policy,
+                f"{median([c['s'] for c in runs]):.1f} s",
+                "1.00x" if policy == "none" else f"{median(ratios):.3f}x",
+                f"{median([c['full'] for c in runs]):.0%}",
+                "—" if policy == "none" else f"{median([c['full_after_first'] for c in runs]):.0%}",
+                "—"
+                if policy == "none"
+                else ", ".join(f"{median([c['past'][k] for c in runs]):+.3%}" for k in range(len(budgets))),
+                "—" if policy == "none" else f"{median([c['cut'] for c in runs]):.0f}",
+                f"{median([c['requests'] for c in runs]):.2f}",
+            ]
+        )
+    print(
+        f"\nbudget-shared: {len(budgets)} datasets submitted together, budgets "
+        f"{', '.join(f'{b:,}' for b in budgets)} (none: the same datasets without budgets, to "
+        f"{total:,} tokens in all), mean 400 tokens, max_new_tokens 4,096, one simulator at {inflight} in "
+        f"flight ({args.step_time_s * 1000:g} ms steps), default worker; medians of {args.repeats} runs\n"
+    )
+    return [
+        print_table(
+            [
+                "budgets",
+                "time to the budgets' tokens",
+                "ratio",
+                "server full until 98% of all (p10)",
+                "full after the first is spent (p10)",
+                "server tokens past each budget",
+                "answers cut",
+                "requests per answer",
+            ],
+            rows_out,
+        )
+    ]
+
+
 # --- defaults: the default worker command against the plain client -----------------------------------
 
 
@@ -995,6 +1143,7 @@ SECTIONS = {
     "ledger-only": section_ledger_only,
     "budgets": section_budgets,
     "budget-speed": section_budget_speed,
+    "budget-shared": section_budget_shared,
     "defaults": section_defaults,
     "server": section_server,
 }
@@ -1036,8 +1185,19 @@ def main() -> int:
         "--speed-workloads", nargs="+", default=["mean400", "mean2000"], choices=list(SPEED_WORKLOADS)
     )
     p.add_argument(
-        "--speed-policies", nargs="+", default=["truncate", "discard"], choices=["truncate", "discard"]
+        "--speed-policies",
+        nargs="+",
+        default=["truncate", "discard"],
+        choices=["truncate", "discard", "drain"],
     )
+    p.add_argument(
+        "--shared-budgets",
+        type=int,
+        nargs="+",
+        default=[100_000, 200_000, 400_000],
+        help="budget-shared: one dataset per budget, submitted together",
+    )
+    p.add_argument("--shared-inflight", type=int, default=256, help="budget-shared: the server's cap")
     p.add_argument(
         "--speed-timeline",
         metavar="DIR",

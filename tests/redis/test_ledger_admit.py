@@ -285,21 +285,39 @@ def test_live_tokens_take_no_part_in_the_grant(ledger: Ledger) -> None:
 def test_admit_under_drain_reserves_nothing_and_says_limit_when_running_ones_are_expected_to_fill_it(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=100, on_budget="drain")
-    commit_new(ledger, "s0", 30)  # mean committed length: 30
+    make(ledger, token_budget=170, on_budget="drain")
+    for sid in ("s0a", "s0b", "s0c"):
+        commit_new(ledger, sid, 30)  # 90 committed, mean length 30, three answers to trust it for
     assert lease(ledger, "s1") == 0
     report_live(ledger, "s1", "a1", 5)
-    assert lease(ledger, "s2") == 0  # 30 committed + 5 live + 25 expected of s1 = 60 < 100
+    assert lease(ledger, "s2") == 0  # 90 committed + max(5 live, 30 expected of s1) = 120 < 170
 
-    # 30 + 5 live + (2 running x 30 - 5 live) expected = 90 < 100: one more fits
+    # 90 + 2 running x 30 = 150 < 170: one more fits
     assert lease(ledger, "s3") == 0
-    # 30 + 5 + (3 x 30 - 5) = 120 >= 100: a fourth would be prefilled only to be cut
+    # 90 + 3 x 30 = 180 >= 170: a fourth would pass the budget on average
     result = ledger.admit(DS, "s4", "a1")
 
     assert (result.admission, result.cap) == (Admission.LIMIT, 0)
     assert pending(redis_client) == {"s4": "limit"}
     assert reservations(redis_client) == {}
     assert ledger.snapshot(DS).reserved_tokens == 0
+
+
+def test_drain_expects_max_new_tokens_of_each_answer_in_flight_beyond_those_committed(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=200, on_budget="drain")
+    # nothing committed: each answer in flight may run to max_new_tokens (64); 4 x 64 = 256 >= 200
+    for sid in ("s1", "s2", "s3", "s4"):
+        assert lease(ledger, sid) == 0
+    assert ledger.admit(DS, "s5", "a1").admission is Admission.LIMIT
+
+    # one answer committed (20 tokens) is trusted for one answer in flight: 20 + 20 + 2 x 64 = 168 < 200
+    assert ledger.commit(DS, "s1", "a1", 20) is CommitOutcome.COMMITTED
+    assert lease(ledger, "s5") == 0
+    # with s5 running, 20 + 20 + 3 x 64 = 232 >= 200
+    assert ledger.admit(DS, "s6", "a1").admission is Admission.LIMIT
+    assert pending(redis_client) == {"s6": "limit"}
 
 
 def test_admit_under_drain_says_limit_when_live_tokens_take_the_rest_of_the_budget(ledger: Ledger) -> None:
@@ -317,8 +335,9 @@ def test_admit_under_drain_says_limit_when_live_tokens_take_the_rest_of_the_budg
 def test_a_group_admit_under_drain_applies_the_expected_rule_to_each_sample_in_turn(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=100, on_budget="drain")
-    commit_new(ledger, "s0", 30)  # mean 30: 30 + 0, then 30 + 30, 30 + 60 fit; 30 + 90 does not
+    make(ledger, token_budget=170, on_budget="drain")
+    for sid in ("s0a", "s0b", "s0c"):
+        commit_new(ledger, sid, 30)  # 90 committed, mean 30: 90 + 0, + 30, + 60 fit; 90 + 90 does not
 
     group = ledger.admit_many(DS, [(f"g{i}", "a", 0) for i in range(4)])
 

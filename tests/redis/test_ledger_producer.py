@@ -187,6 +187,25 @@ def test_enqueue_under_discard_publishes_no_more_than_admission_will_take_counti
     assert ledger.snapshot(DS).pending == 0
 
 
+def test_enqueue_under_drain_publishes_no_more_than_admission_will_take_counting_the_queued_ones(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=1000, on_budget="drain")
+    for i in range(10):
+        commit_new(ledger, f"c{i}", 20)  # 200 spent; ten answers of 20 committed
+    sids = [f"s{i}" for i in range(30)]
+
+    # drain admits the next one while those before it are expected to fit (it may pass the budget): 20
+    # for each of the first 10 in flight, max_new_tokens (64) past that. With 19 before it:
+    # 200 + 200 + 9 x 64 = 976 < 1000, so a 20th is admitted; with 20 before it, 200 + 200 + 640 >= 1000
+    assert ledger.enqueue(DS, sids, window=100) == [PUB] * 20 + [FULL]
+    assert ledger.enqueue(DS, sids[20:], window=100) == [ENQUEUE_BUDGET_IN_FLIGHT]
+
+    # every sample published is admitted: none is turned away to wait as pending
+    assert [ledger.admit(DS, sid, "a").admission for sid in sids[:20]] == [Admission.OK] * 20
+    assert ledger.snapshot(DS).pending == 0
+
+
 def test_ids_past_a_chunk_that_filled_the_budgets_room_come_back_as_waiting_not_silently_dropped(
     ledger: Ledger,
 ) -> None:
