@@ -111,13 +111,18 @@ class TokenTimeline:
             before = (t, n)
         return self.ended
 
+    def last_token_at(self) -> float:
+        """When the count first reached its last reading: the run's last token."""
+        total = self.points[-1][1] if self.points else 0
+        return next((t for t, n in self.points if n >= total), self.ended)
+
     def figures(self, started: float | None = None) -> dict[str, float]:
         """``first_token_s``: from ``started`` (the timeline's start by default) until the server produced;
         ``after_last_s``: from its last token until the run ended; ``steady_tps``: the rate between 10%
         and 90% of the run's tokens."""
         start = self.started if started is None else started
         total = self.points[-1][1] if self.points else 0
-        last = next((t for t, n in self.points if n >= total), self.ended)
+        last = self.last_token_at()
         t10, t90 = self._crossing(0.1 * total), self._crossing(0.9 * total)
         return {
             "first_token_s": self._crossing(1) - start,

@@ -240,6 +240,26 @@ def workers(redis_url: str, processes: int, concurrency: int | None, logs: Path)
             stop_process(p)
 
 
+@contextmanager
+def fleet_stack(
+    args: argparse.Namespace, inflight: int, sim: dict[str, Any], processes: int | None = None
+) -> Iterator[tuple[Path, str, str]]:
+    """A temporary folder, a Redis server of its own, a simulator capped at ``inflight`` running requests
+    (``sim``: its workload) and default workers; yields (folder, Redis URL, simulator URL)."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
+        sim_process(
+            step_time_s=args.step_time_s,
+            step_time_per_request_s=args.step_time_per_request_s,
+            max_running_requests=inflight,
+            **sim,
+        ) as url,
+        workers(redis_url, args.processes if processes is None else processes, None, Path(tmp) / "logs"),
+    ):
+        yield Path(tmp), redis_url, url
+
+
 def run_fleet(
     url: str,
     redis_url: str,
@@ -579,22 +599,10 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
     rows = []
     for budget in args.budgets:
         for inflight in args.budget_inflight:
-            with (
-                tempfile.TemporaryDirectory() as tmp,
-                embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
-                sim_process(
-                    step_time_s=args.step_time_s,
-                    step_time_per_request_s=args.step_time_per_request_s,
-                    max_running_requests=inflight,
-                    output_len_mean=400,
-                    output_len_sigma=0.5,
-                ) as url,
-                workers(redis_url, args.processes, None, Path(tmp) / "logs"),
-            ):
+            sim = {"output_len_mean": 400, "output_len_sigma": 0.5}
+            with fleet_stack(args, inflight, sim) as (tmp, redis_url, url):
                 n = int(budget / 400 * 1.6) + inflight
-                name, f = run_fleet(
-                    url, redis_url, prompts(n, seed=7), 2048, Path(tmp) / "f", token_budget=budget
-                )
+                name, f = run_fleet(url, redis_url, prompts(n, seed=7), 2048, tmp / "f", token_budget=budget)
                 server = int(sim_stats(url)["by_prefix"].get(dataset_tag(name), 0))
                 snap = Ledger.from_url(redis_url).snapshot(name)
                 rows.append(
@@ -605,7 +613,7 @@ def section_budgets(args: argparse.Namespace) -> list[str]:
                         f"{server / budget:.4f}x",
                         f"{(server - snap.tokens) / budget:.2%}",
                         f"{snap.truncated}",
-                        str(count_in_logs(Path(tmp) / "logs", "stalled: nothing received")),
+                        str(count_in_logs(tmp / "logs", "stalled: nothing received")),
                         f"{f['elapsed_s']:.0f} s",
                     ]
                 )
@@ -672,10 +680,6 @@ class LoadTimeline(TokenTimeline):
                 self.running.append((tokens, int(totals["running"]), inflight))
                 self.grants.append(grants)
 
-    def last_token_at(self) -> float:
-        total = self.points[-1][1] if self.points else 0
-        return next((t for t, n in self.points if n >= total), self.ended)
-
     def full_share(self, inflight: int, budget: int, upto: float = 0.98) -> float:
         """The 10th percentile of running / ``inflight`` from the first reading at 90% of it until
         ``upto`` of ``budget`` was generated: how full the server was kept up to the budget's end."""
@@ -700,17 +704,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
         w = SPEED_WORKLOADS[workload]
         mean = w["sim"]["output_len_mean"]
         for inflight in args.speed_inflight:
-            with (
-                tempfile.TemporaryDirectory() as tmp,
-                embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
-                sim_process(
-                    step_time_s=args.step_time_s,
-                    step_time_per_request_s=args.step_time_per_request_s,
-                    max_running_requests=inflight,
-                    **w["sim"],
-                ) as url,
-                workers(redis_url, args.processes, None, Path(tmp) / "logs"),
-            ):
+            with fleet_stack(args, inflight, w["sim"]) as (tmp, redis_url, url):
                 # enough prompts for the budget and a full server to its end, whatever the lengths drawn
                 n = int(budget / mean * 1.3) + 2 * inflight
                 cells: dict[str, list[dict[str, float]]] = {}
@@ -725,7 +719,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                                 redis_url,
                                 rows_i,
                                 w["max_new_tokens"],
-                                Path(tmp) / f"{policy}{i}",
+                                tmp / f"{policy}{i}",
                                 token_budget=None if policy == "none" else budget,
                                 policy=policy,
                             )
@@ -752,7 +746,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                             # and each record: seconds it was written at, its tokens, whether cut
                             records = [
                                 orjson.loads(line)
-                                for f in (Path(tmp) / f"{policy}{i}").rglob("*.jsonl")
+                                for f in (tmp / f"{policy}{i}").rglob("*.jsonl")
                                 for line in f.read_bytes().splitlines()
                                 if line.strip()
                             ]
@@ -879,17 +873,7 @@ def section_budget_shared(args: argparse.Namespace) -> list[str]:
     total = sum(budgets)
     rows_out = []
     cells: dict[str, list[dict[str, Any]]] = {}
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
-        sim_process(
-            step_time_s=args.step_time_s,
-            step_time_per_request_s=args.step_time_per_request_s,
-            max_running_requests=inflight,
-            **w["sim"],
-        ) as url,
-        workers(redis_url, args.processes, None, Path(tmp) / "logs"),
-    ):
+    with fleet_stack(args, inflight, w["sim"]) as (tmp, redis_url, url):
         for i in range(args.repeats):
             sources = [
                 prompts(int(b / mean * 1.3) + 2 * inflight, seed=900 + 10 * i + k)
@@ -905,7 +889,7 @@ def section_budget_shared(args: argparse.Namespace) -> list[str]:
                 timeline = SharedTimeline(url, [dataset_tag(n) for n in names])
                 started = time.monotonic()
                 with timeline:
-                    run_datasets(url, redis_url, datasets, w["max_new_tokens"], Path(tmp) / f"{policy}{i}")
+                    run_datasets(url, redis_url, datasets, w["max_new_tokens"], tmp / f"{policy}{i}")
                 stats = sim_stats(url)
                 ledger = Ledger.from_url(redis_url)
                 snaps = [ledger.snapshot(n) for n in names]
@@ -982,17 +966,7 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                 max(4 * inflight, w.get("samples", 600 if workload == "mean400" else 6000))
                 * args.default_scale
             )
-            with (
-                tempfile.TemporaryDirectory() as tmp,
-                embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
-                sim_process(
-                    step_time_s=args.step_time_s,
-                    step_time_per_request_s=args.step_time_per_request_s,
-                    max_running_requests=inflight,
-                    **w["sim"],
-                ) as url,
-                workers(redis_url, 1, None, Path(tmp) / "logs"),
-            ):
+            with fleet_stack(args, inflight, w["sim"], processes=1) as (tmp, redis_url, url):
                 ratios, a_tps, f_tps, extra_s, steady, starts, ends = [], [], [], [], [], [], []
                 for i in range(args.repeats):
                     rows_in = prompts(n, seed=500 + i)
@@ -1002,13 +976,11 @@ def section_defaults(args: argparse.Namespace) -> list[str]:
                         if side == "plain":
                             with TokenTimeline(url) as a_line:
                                 a = asyncio.run(
-                                    anchor(url, rows_in, inflight, w["max_new_tokens"], Path(tmp) / "a.jsonl")
+                                    anchor(url, rows_in, inflight, w["max_new_tokens"], tmp / "a.jsonl")
                                 )
                         else:
                             with TokenTimeline(url) as f_line:
-                                _, f = run_fleet(
-                                    url, redis_url, rows_in, w["max_new_tokens"], Path(tmp) / f"f{i}"
-                                )
+                                _, f = run_fleet(url, redis_url, rows_in, w["max_new_tokens"], tmp / f"f{i}")
                     fleet_tps = f["tokens"] / f["elapsed_s"]
                     # the plain client's run starts once its clients are made (its tok/s excludes that)
                     a_fig, f_fig = a_line.figures(started=a["started_at"]), f_line.figures()

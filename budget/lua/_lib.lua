@@ -272,6 +272,15 @@ local function max_want(ledger)
   return want
 end
 
+-- drain and discard: of ``n`` answers in flight, how many the committed lengths (their mean ``mean``) speak
+-- for, at most the ``answers`` committed, and what the rest are expected to need: their whole ``max_new``
+-- each. Returns (trusted, tokens the others need).
+local function trusted_and_beyond(n, mean, answers, max_new)
+  local trusted = 0
+  if mean > 0 then trusted = math.min(n, answers) end
+  return trusted, (n - trusted) * max_new
+end
+
 -- drain only: what the expected rule reads, {committed, live, mean committed length, in flight, answers
 -- committed, max_new_tokens}.
 local function drain_figures(ledger, leases)
@@ -288,10 +297,8 @@ end
 -- the generations its group admitted so far in ``inflight``.
 local function drain_full(figures, inflight, budget)
   local committed, live, mean = figures[1], figures[2], figures[3]
-  local trusted = 0
-  if mean > 0 then trusted = math.min(inflight, figures[5]) end
-  local expected = trusted * mean + (inflight - trusted) * figures[6]
-  return committed + math.max(live, expected) >= budget
+  local trusted, beyond = trusted_and_beyond(inflight, mean, figures[5], figures[6])
+  return committed + math.max(live, trusted * mean + beyond) >= budget
 end
 
 -- discard only: {committed + discarded, live, the length a generation in flight is expected to have in all
@@ -316,9 +323,7 @@ end
 -- most of a short run (4.7x the time of no budget at 256 in flight); this rule trusts them step by step.
 local function discard_full(figures, n, budget)
   local spent, live, mean, spread = figures[1], figures[2], figures[3], figures[4]
-  local trusted = 0
-  if mean > 0 then trusted = math.min(n, figures[5]) end
-  local beyond = (n - trusted) * figures[6]
+  local trusted, beyond = trusted_and_beyond(n, mean, figures[5], figures[6])
   if spent + math.max(live, trusted * mean + beyond) > budget then return true end
   local need = beyond
   if trusted > 0 then need = need + discard_need(trusted, mean, spread) end
