@@ -910,6 +910,7 @@ def section_budget_shared(args: argparse.Namespace) -> list[str]:
                         int(0.98 * total),
                     ),
                     "past": [t / b - 1 for t, b in zip(server, budgets, strict=True)],
+                    "kept": [s.tokens / b - 1 for s, b in zip(snaps, budgets, strict=True)],
                     "cut": sum(s.truncated for s in snaps),
                     "requests": requests / max(1, sum(s.samples for s in snaps)),
                 }
@@ -927,6 +928,9 @@ def section_budget_shared(args: argparse.Namespace) -> list[str]:
                 "—"
                 if policy == "none"
                 else ", ".join(f"{median([c['past'][k] for c in runs]):+.3%}" for k in range(len(budgets))),
+                "—"
+                if policy == "none"
+                else ", ".join(f"{median([c['kept'][k] for c in runs]):+.3%}" for k in range(len(budgets))),
                 "—" if policy == "none" else f"{median([c['cut'] for c in runs]):.0f}",
                 f"{median([c['requests'] for c in runs]):.2f}",
             ]
@@ -946,6 +950,7 @@ def section_budget_shared(args: argparse.Namespace) -> list[str]:
                 "server full until 98% of all (p10)",
                 "full after the first is spent (p10)",
                 "server tokens past each budget",
+                "kept past each budget",
                 "answers cut",
                 "requests per answer",
             ],
