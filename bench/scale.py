@@ -128,7 +128,7 @@ class ScriptTimes:
         self.client = redis.Redis.from_url(url)
         self.usec: dict[str, float] = {}
         self.calls: dict[str, int] = {}
-        self._saved = self.client.config_get("slowlog-*")
+        self._saved = {str(k): str(v) for k, v in self.client.config_get("slowlog-*").items()}
         self.client.config_set("slowlog-max-len", 100_000)
         self.client.config_set("slowlog-log-slower-than", 0)
         self.client.slowlog_reset()
