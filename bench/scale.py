@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -649,6 +649,13 @@ SPEED_WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
+def full_p10(readings: Sequence[tuple[int, int, Any]], inflight: int, start: int, upto: float) -> float:
+    """The 10th percentile of running / ``inflight`` over ``readings`` (tokens so far, requests running,
+    ...) from the index ``start`` while fewer than ``upto`` tokens were generated."""
+    shares = sorted(r / inflight for n, r, _ in readings[start:] if n < upto)
+    return shares[len(shares) // 10] if shares else float("nan")
+
+
 class LoadTimeline(TokenTimeline):
     """The simulator's generated tokens and running requests, and the ledger's generations in flight (its
     leases: admitted, generating or waiting for a server slot), read every ``every_s``."""
@@ -686,8 +693,7 @@ class LoadTimeline(TokenTimeline):
         start = next((i for i, (_, r, _) in enumerate(self.running) if r >= 0.9 * inflight), None)
         if start is None:
             return 0.0
-        shares = sorted(r / inflight for n, r, _ in self.running[start:] if n < upto * budget)
-        return shares[len(shares) // 10] if shares else float("nan")
+        return full_p10(self.running, inflight, start, upto * budget)
 
     def at_the_end(self, budget: int, share: float = 0.98) -> int:
         """The most generations the ledger had in flight once ``share`` of ``budget`` was generated: those
@@ -856,8 +862,7 @@ class SharedTimeline(TokenTimeline):
     def full_share(self, inflight: int, start: int, upto: int) -> float:
         """The 10th percentile of running / ``inflight`` over the readings from ``start`` (an index) while
         fewer than ``upto`` tokens were generated."""
-        shares = sorted(r / inflight for n, r, _ in self.readings[start:] if n < upto)
-        return shares[len(shares) // 10] if shares else float("nan")
+        return full_p10(self.readings, inflight, start, upto)
 
     def first_reading(self, test: Any) -> int | None:
         return next((i for i, reading in enumerate(self.readings) if test(reading)), None)
@@ -918,6 +923,13 @@ def section_budget_shared(args: argparse.Namespace) -> list[str]:
                 print(f"  shared {policy} run {i + 1}: {cell}", file=sys.stderr)
     for policy, runs in cells.items():
         ratios = [c["s"] / b["s"] for c, b in zip(runs, cells["none"], strict=True)]
+
+        def per_budget(key: str, runs: list[dict[str, Any]] = runs, policy: str = policy) -> str:
+            """The median of ``key`` (one figure per budget) for each budget, or a dash without budgets."""
+            if policy == "none":
+                return "—"
+            return ", ".join(f"{median([c[key][k] for c in runs]):+.3%}" for k in range(len(budgets)))
+
         rows_out.append(
             [
                 policy,
@@ -925,12 +937,8 @@ def section_budget_shared(args: argparse.Namespace) -> list[str]:
                 "1.00x" if policy == "none" else f"{median(ratios):.3f}x",
                 f"{median([c['full'] for c in runs]):.0%}",
                 "—" if policy == "none" else f"{median([c['full_after_first'] for c in runs]):.0%}",
-                "—"
-                if policy == "none"
-                else ", ".join(f"{median([c['past'][k] for c in runs]):+.3%}" for k in range(len(budgets))),
-                "—"
-                if policy == "none"
-                else ", ".join(f"{median([c['kept'][k] for c in runs]):+.3%}" for k in range(len(budgets))),
+                per_budget("past"),
+                per_budget("kept"),
                 "—" if policy == "none" else f"{median([c['cut'] for c in runs]):.0f}",
                 f"{median([c['requests'] for c in runs]):.2f}",
             ]

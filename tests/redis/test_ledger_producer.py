@@ -169,40 +169,31 @@ def test_enqueue_under_discard_returns_budget_in_flight_once_the_answers_expecte
     assert ledger.snapshot(DS).state == DatasetState.ACTIVE
 
 
-def test_enqueue_under_discard_publishes_no_more_than_admission_will_take_counting_the_queued_ones(
-    ledger: Ledger,
+@pytest.mark.parametrize(
+    ("policy", "fits"),
+    [
+        # discard counts the one it starts: 20 for each of the first 10 in flight, max_new_tokens (64)
+        # for each past that: 200 + 10 x 20 + 9 x 64 = 976 <= 1000 < 200 + 200 + 10 x 64
+        ("discard", 19),
+        # drain admits the next one while those before it are expected to fit (it may pass the budget):
+        # with 19 before it 200 + 200 + 9 x 64 = 976 < 1000, so a 20th; with 20, 200 + 200 + 640 >= 1000
+        ("drain", 20),
+    ],
+)
+def test_enqueue_under_discard_or_drain_publishes_no_more_than_admission_will_take_counting_the_queued_ones(
+    ledger: Ledger, policy: str, fits: int
 ) -> None:
-    make(ledger, token_budget=1000, on_budget="discard")
+    make(ledger, token_budget=1000, on_budget=policy)
     for i in range(10):
         commit_new(ledger, f"c{i}", 20)  # 200 spent; ten answers of 20 committed
     sids = [f"s{i}" for i in range(30)]
 
-    # as admission counts them: 20 for each of the first 10 in flight, max_new_tokens (64) for each past
-    # that: 200 + 10 x 20 + 9 x 64 = 976 <= 1000 < 200 + 200 + 10 x 64; the window (100) is not the limit
-    assert ledger.enqueue(DS, sids, window=100) == [PUB] * 19 + [FULL]
-    assert ledger.enqueue(DS, sids[19:], window=100) == [ENQUEUE_BUDGET_IN_FLIGHT]
+    # the window (100) is not the limit: the budget's room is
+    assert ledger.enqueue(DS, sids, window=100) == [PUB] * fits + [FULL]
+    assert ledger.enqueue(DS, sids[fits:], window=100) == [ENQUEUE_BUDGET_IN_FLIGHT]
 
     # every sample published is admitted: none is turned away to wait as pending
-    assert [ledger.admit(DS, sid, "a").admission for sid in sids[:19]] == [Admission.OK] * 19
-    assert ledger.snapshot(DS).pending == 0
-
-
-def test_enqueue_under_drain_publishes_no_more_than_admission_will_take_counting_the_queued_ones(
-    ledger: Ledger,
-) -> None:
-    make(ledger, token_budget=1000, on_budget="drain")
-    for i in range(10):
-        commit_new(ledger, f"c{i}", 20)  # 200 spent; ten answers of 20 committed
-    sids = [f"s{i}" for i in range(30)]
-
-    # drain admits the next one while those before it are expected to fit (it may pass the budget): 20
-    # for each of the first 10 in flight, max_new_tokens (64) past that. With 19 before it:
-    # 200 + 200 + 9 x 64 = 976 < 1000, so a 20th is admitted; with 20 before it, 200 + 200 + 640 >= 1000
-    assert ledger.enqueue(DS, sids, window=100) == [PUB] * 20 + [FULL]
-    assert ledger.enqueue(DS, sids[20:], window=100) == [ENQUEUE_BUDGET_IN_FLIGHT]
-
-    # every sample published is admitted: none is turned away to wait as pending
-    assert [ledger.admit(DS, sid, "a").admission for sid in sids[:20]] == [Admission.OK] * 20
+    assert [ledger.admit(DS, sid, "a").admission for sid in sids[:fits]] == [Admission.OK] * fits
     assert ledger.snapshot(DS).pending == 0
 
 
