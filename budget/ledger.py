@@ -146,11 +146,13 @@ class DatasetLimits:
 #: ``AdmitResult.cap`` of a generation under a truncate budget: its grant comes when it has a server slot
 #: (``Ledger.grant_many``, ``GrantKind.START``).
 GRANT_AT_SEND: Final = -1
-#: What ``grant_many`` answers a start that gets no grant: none may start now (the budget's end has come,
-#: or the dataset stopped: the sample goes back to pending), or ask again in a moment (the budget is all
-#: granted to running generations that will give some back as they end).
+#: What ``grant_many`` answers a start that gets no grant: none may start now (the dataset is not active:
+#: the worker gives the sample back), ask again in a moment (the budget is all granted to running
+#: generations that will give some back as they end), or the budget's end has come and the ledger has
+#: already given the sample back (pending, reason ``limit``; the attempt's lease is gone).
 GRANT_NOT_NOW: Final = -1
 GRANT_WAIT: Final = -2
+GRANT_DROPPED: Final = -3
 
 
 @dataclass(frozen=True, slots=True)
@@ -603,7 +605,8 @@ class Ledger:
         (``budget/lua/grant.lua``): each ask starts a generation, asks more for one that reached its grant,
         or gives back what one that ended did not use. ``slots``: the slots of the dataset's servers, as
         the caller knows them (0: unknown). Returns, per ask, the generation's grant after the call, or
-        ``GRANT_NOT_NOW`` / ``GRANT_WAIT`` for a start that gets none, 0 when the attempt lost its lease."""
+        ``GRANT_NOT_NOW`` / ``GRANT_WAIT`` / ``GRANT_DROPPED`` for a start that gets none, 0 when the attempt
+        lost its lease."""
         if not asks:
             return []
         args: list[Any] = [max(0, int(slots))]

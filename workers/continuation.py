@@ -49,8 +49,8 @@ class Grants:
 
     def start(self, dataset: str, sample_id: str, attempt: str, want: int, slots: int, whole: bool) -> int:
         """The first grant of a generation that has its server slot (``whole``: it cannot be continued past
-        a grant): > 0; ``GRANT_NOT_NOW`` or ``GRANT_WAIT`` when none now; 0 when the attempt lost its
-        lease."""
+        a grant): > 0; ``GRANT_NOT_NOW`` or ``GRANT_WAIT`` when none now, ``GRANT_DROPPED`` when the budget's
+        end has come and the ledger gave the sample back; 0 when the attempt lost its lease."""
         self._slots[dataset] = slots
         kind = GrantKind.WHOLE if whole else GrantKind.START
         return self._batcher.call(dataset, GrantAsk(sample_id, attempt, kind, want))

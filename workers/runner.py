@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from budget import Admission, CommitItem, CommitOutcome, GiveUpOutcome, Ledger, Progress, defaults
-from budget.ledger import GRANT_AT_SEND, GRANT_NOT_NOW, GRANT_WAIT, DatasetState
+from budget.ledger import GRANT_AT_SEND, GRANT_DROPPED, GRANT_NOT_NOW, GRANT_WAIT, DatasetState
 from budget.spec import DatasetSpec
 from budget.urls import redact_url
 from workers.batching import CallBatcher
@@ -513,6 +513,8 @@ class SampleRunner:
     def _no_grant(self, a: Attempt, got: int) -> Outcome:
         """No grant for a generation with its slot: its lease was taken back (``got`` 0), the dataset was
         stopped, or the budget's end has come; never sent, its sample goes back to pending."""
+        if got == GRANT_DROPPED:  # the grant call itself gave it back: no ledger call per sample
+            return Outcome("dropped", Admission.LIMIT.value)
         verdict, state = self._progress(a)
         if got == 0 or verdict is not Progress.CONTINUE:
             return self._give_back(a, state, verdict, 0)

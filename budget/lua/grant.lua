@@ -2,7 +2,7 @@
 -- be sent, ask for more when they reach them, and say when they end before them (Reservations in
 -- _lib.lua). One call covers a worker process's asks of one dataset that came together: its cost in Redis
 -- commands does not grow with their number.
--- KEYS: ledger, leases, owners, reserved, clock
+-- KEYS: ledger, leases, owners, reserved, clock, done, live, pending, failed
 -- ARGV: slots (the slots of the dataset's servers as the worker knows them; 0: unknown), then for each
 --       ask: sid, attempt, kind, value, rate:
 --   start  (truncate) value: the most tokens its generation may produce: its first grant, now that it
@@ -14,9 +14,11 @@
 --          (before its slot goes to the next generation, which is granted from it)
 --   rate   the tokens/s of the request that just ended (more, end; 0: none): the dataset's speed
 -- Returns, per ask, the generation's grant in all after the call:
---   start  the grant (> 0); -1 where none may start now (the budget's end has come, or the dataset is not
---          active: the sample goes back to pending); -2 where all of the budget is granted to running
---          generations that will give some of it back (ask again in a moment)
+--   start  the grant (> 0); -3 where the budget's end has come: the attempt's lease is dropped here and
+--          its sample is pending (reason limit), as release.lua would, so the hundreds of samples that
+--          find the budget spent at once cost no call each; -1 where none may start now because the
+--          dataset is not active (the worker gives it back with the state); -2 where all of the budget is
+--          granted to running generations that will give some of it back (ask again in a moment)
 --   more   more than before where the budget gives more; the same where it has none to give (its answer
 --          ends there, cut)
 --   end    1: what stays reserved for it is the tokens it produced, which its commit counts
@@ -149,6 +151,8 @@ for i = 1, n do
     local g = grant_of[sid]
     if g > 0 then
       out[i] = g  -- asked again (a retry): its grant stands
+    elseif state == 'exhausted' and grants and mode == 'truncate' then
+      out[i] = -3
     elseif state ~= 'active' or not grants or mode ~= 'truncate' then
       out[i] = -1
     else
@@ -173,7 +177,7 @@ for i = 1, n do
       elseif h >= least then
         out[i] = -2  -- all granted, to generations that will give some back as they end
       else
-        out[i] = -1
+        out[i] = -3
       end
     end
   else
@@ -205,4 +209,19 @@ if #clock_args > 0 then redis.call('HSET', clock, unpack(clock_args)) end
 if #clock_gone > 0 then redis.call('HDEL', clock, unpack(clock_gone)) end
 clock_apply(ledger, d)
 if rate ~= rate0 then redis.call('HSET', ledger, 'gen_rate', rate) end
+
+-- the starts the budget's end turned away: given back as release.lua does (they hold no grant and have
+-- produced nothing)
+local dropped = 0
+for i = 1, n do
+  if out[i] == -3 and owns(owners, sids[i], ARGV[STRIDE * (i - 1) + 3]) then
+    local sid = sids[i]
+    drop_lease(ledger, leases, owners, live, reserved, clock, sid)
+    if redis.call('HEXISTS', done, sid) == 0 and redis.call('HEXISTS', failed, sid) == 0 then
+      redis.call('HSET', pending, sid, 'limit')
+    end
+    dropped = dropped + 1
+  end
+end
+if dropped > 0 then refresh_state(ledger) end
 return out

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from budget import Admission, CommitOutcome, DatasetState, GrantAsk, GrantKind, Ledger, Progress
-from budget.ledger import GRANT_AT_SEND, GRANT_NOT_NOW, GRANT_WAIT
+from budget.ledger import GRANT_AT_SEND, GRANT_DROPPED, GRANT_NOT_NOW, GRANT_WAIT
 from tests.redis.grants import (
     MORE_MIN,
     RATE_WEIGHT,
@@ -167,7 +167,7 @@ def test_a_start_gets_not_now_once_the_horizon_is_below_32_tokens(
     set_clock(redis_client, "s3", 24_500, 100.0)  # it has used 2,450 of its 2,500: 50 left to generate
 
     assert horizon(0, 50, 1, 1, 4)[0] < 32
-    assert start(ledger, "n", "a1", 5000, slots=4) == GRANT_NOT_NOW
+    assert start(ledger, "n", "a1", 5000, slots=4) == GRANT_DROPPED
 
 
 def test_with_none_running_the_last_of_the_budget_may_start_one(ledger: Ledger) -> None:
@@ -176,7 +176,28 @@ def test_with_none_running_the_last_of_the_budget_may_start_one(ledger: Ledger) 
     admitted(ledger, "n", "m")
 
     assert start(ledger, "n", "a1", 500, slots=64) == 10
-    assert start(ledger, "m", "a1", 500, slots=64) == GRANT_NOT_NOW
+    assert start(ledger, "m", "a1", 500, slots=64) == GRANT_DROPPED
+
+
+def test_a_start_turned_away_at_the_budgets_end_is_given_back_by_the_same_call(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    admitted(ledger, "m", "n")  # waiting for a server slot while the budget is spent
+    commit_new(ledger, "c", 1000)
+    assert ledger.snapshot(DS).state == DatasetState.EXHAUSTED
+    leases = keys(DS).lease_zset
+    assert redis_client.zcard(leases) == 2
+
+    got = ledger.grant_many(
+        DS, [GrantAsk("m", "a1", GrantKind.START, 500), GrantAsk("n", "a1", GrantKind.START, 500)], 8
+    )
+
+    assert got == [GRANT_DROPPED, GRANT_DROPPED]
+    assert pending(redis_client) == {"m": "limit", "n": "limit"}
+    assert progress(ledger, "m", "a1") is Progress.LOST  # the lease is gone: nothing else to release
+    assert redis_client.zcard(leases) == 0
+    assert clock_agrees(redis_client)
 
 
 def test_a_budget_too_small_for_its_slots_gives_each_of_them_an_equal_share(ledger: Ledger) -> None:
@@ -597,9 +618,9 @@ def test_random_interleavings_of_starts_mores_ends_commits_and_releases_never_pa
                 elif g == GRANT_WAIT:
                     waiting.append(sid)
                     counts["wait"] += 1
-                else:
-                    assert g == GRANT_NOT_NOW, g
-                    ledger.release(DS, sid, "a1", "limit")
+                else:  # the budget's end: the grant call gave the sample back
+                    assert g == GRANT_DROPPED, g
+                    assert pending(redis_client).get(sid) == "limit"
                     counts["not_now"] += 1
         elif roll < 0.6 and running:
             sid = rng.choice(sorted(running))
