@@ -56,7 +56,7 @@ def test_a_worker_killed_mid_generation_has_its_samples_generated_again_and_comm
     victim = fleet.start_worker("victim")
     fleet.start_worker("survivor")
     # 8 at once on the server: each worker process holds twice that, so both have work in flight
-    sim = sim_factory(step_time_s=0.01, output_len_mean=60.0, max_running_requests=8)
+    sim = sim_factory(step_time_s=0.005, output_len_mean=60.0, max_running_requests=8)
     name = unique("killed_worker")
     config = write_config(
         tmp_path, redis_url=fleet.url, servers=[sim.url], datasets=[{"name": name, "rows": token_rows(120)}]

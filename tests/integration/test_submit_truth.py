@@ -98,7 +98,7 @@ def test_the_fault_matrix_scenario_end_to_end_exports_every_sample_once(
     for w in ("a", "b"):
         fleet.start_worker(w)
     # 16 at once on the server (workers hold twice that): the run lasts long enough for the faults
-    sim = sim_factory(step_time_s=0.01, output_len_mean=40.0, max_running_requests=16)
+    sim = sim_factory(step_time_s=0.005, output_len_mean=40.0, max_running_requests=16)
     names = [unique("matrix_a"), unique("matrix_b")]
     config = write_config(
         tmp_path,
