@@ -153,7 +153,7 @@ def test_an_end_gives_back_at_once_and_the_start_after_it_in_the_same_call_gets_
     assert ledger.snapshot(DS).reserved_tokens == 970
 
 
-def test_a_start_gets_not_now_once_the_horizon_is_below_32_tokens(
+def test_a_start_is_turned_away_once_the_horizon_is_below_32_tokens(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=10_000)
@@ -599,7 +599,7 @@ def test_random_interleavings_of_starts_mores_ends_commits_and_releases_never_pa
     make(ledger, token_budget=budget)
     running: dict[str, tuple[str, int]] = {}  # sid -> (attempt, grant)
     waiting: list[str] = []  # admitted, not granted yet
-    counts = {"start": 0, "wait": 0, "not_now": 0, "more": 0, "cut": 0, "end": 0, "overdraw": 0}
+    counts = {"start": 0, "wait": 0, "dropped": 0, "more": 0, "cut": 0, "end": 0, "overdraw": 0}
     for step in range(500):
         roll = rng.random()
         if roll < 0.2 or not (running or waiting):
@@ -621,7 +621,7 @@ def test_random_interleavings_of_starts_mores_ends_commits_and_releases_never_pa
                 else:  # the budget's end: the grant call gave the sample back
                     assert g == GRANT_DROPPED, g
                     assert pending(redis_client).get(sid) == "limit"
-                    counts["not_now"] += 1
+                    counts["dropped"] += 1
         elif roll < 0.6 and running:
             sid = rng.choice(sorted(running))
             attempt, grant = running[sid]
