@@ -114,17 +114,11 @@ local function floor_of(mode, max_new, mean)
   return max_new
 end
 
-local function mean_length(ledger)
-  local samples = num(ledger, 'samples')
-  if samples > 0 then return num(ledger, 'tokens') / samples end
-  return 0
-end
-
--- discard only: the length an answer in flight is expected to have, from the committed ``tokens`` and the
--- sum of their squares: long answers stay in flight longer, so the answers in flight are a length-biased
--- draw, E[L^2] / E[L] of the committed lengths, not their mean (a third more for lengths with a lognormal
--- sigma of 0.5); the mean where the squares were not kept (a ledger rebuilt from the outputs, or older);
--- 0 before any is committed.
+-- discard and drain: the length an answer in flight is expected to have, from the committed ``tokens`` and
+-- the sum of their squares: long answers stay in flight longer, so the answers in flight are a
+-- length-biased draw, E[L^2] / E[L] of the committed lengths, not their mean (a third more for lengths
+-- with a lognormal sigma of 0.5); the mean where the squares were not kept (a ledger rebuilt from the
+-- outputs, or older); 0 before any is committed.
 local function discard_length(tokens, tokens_sq, samples)
   if tokens > 0 and tokens_sq > 0 then return tokens_sq / tokens end
   if samples > 0 then return tokens / samples end
@@ -281,10 +275,12 @@ local function trusted_and_beyond(n, mean, answers, max_new)
   return trusted, (n - trusted) * max_new
 end
 
--- drain only: what the expected rule reads, {committed, live, mean committed length, in flight, answers
--- committed, max_new_tokens}.
+-- drain only: what the expected rule reads, {committed, live, the length an answer in flight is expected
+-- to have (discard_length), in flight, answers committed, max_new_tokens}.
 local function drain_figures(ledger, leases)
-  return {spent(ledger), num(ledger, 'live_tokens'), mean_length(ledger), redis.call('ZCARD', leases),
+  return {spent(ledger), num(ledger, 'live_tokens'),
+    discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')),
+    redis.call('ZCARD', leases),
     num(ledger, 'samples'), max_want(ledger)}
 end
 
