@@ -119,7 +119,7 @@ end
 -- length-biased draw, E[L^2] / E[L] of the committed lengths, not their mean (a third more for lengths
 -- with a lognormal sigma of 0.5); the mean where the squares were not kept (a ledger rebuilt from the
 -- outputs, or older); 0 before any is committed.
-local function discard_length(tokens, tokens_sq, samples)
+local function inflight_length(tokens, tokens_sq, samples)
   if tokens > 0 and tokens_sq > 0 then return tokens_sq / tokens end
   if samples > 0 then return tokens / samples end
   return 0
@@ -134,7 +134,7 @@ end
 
 -- discard only: what ``n`` answers in flight are expected to need in all, with a margin: n times the
 -- expected length, plus DISCARD_SIGMAS spreads of their sum (sqrt(n) spreads): the answers it starts end
--- past the budget's slack (and are thrown away) rarely, not half the time. ``mean``: discard_length.
+-- past the budget's slack (and are thrown away) rarely, not half the time. ``mean``: inflight_length.
 local function discard_need(n, mean, spread)
   return n * mean + DISCARD_SIGMAS * spread * math.sqrt(n)
 end
@@ -143,7 +143,7 @@ end
 -- figures: its expected length within the budget, and that plus DISCARD_SIGMAS spreads within the budget
 -- and its slack (``budget``: the token budget, 0 where none); 0 before any is committed.
 local function discard_one(tokens, tokens_sq, samples, budget)
-  local mean = discard_length(tokens, tokens_sq, samples)
+  local mean = inflight_length(tokens, tokens_sq, samples)
   if mean <= 0 then return 0 end
   local margin = discard_need(1, mean, discard_spread(tokens, tokens_sq, samples))
   return math.max(mean, margin - math.floor(budget * DISCARD_SLACK))
@@ -276,10 +276,10 @@ local function trusted_and_beyond(n, mean, answers, max_new)
 end
 
 -- drain only: what the expected rule reads, {committed, live, the length an answer in flight is expected
--- to have (discard_length), in flight, answers committed, max_new_tokens}.
+-- to have (inflight_length), in flight, answers committed, max_new_tokens}.
 local function drain_figures(ledger, leases)
   return {spent(ledger), num(ledger, 'live_tokens'),
-    discard_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')),
+    inflight_length(num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')),
     redis.call('ZCARD', leases),
     num(ledger, 'samples'), max_want(ledger)}
 end
@@ -298,12 +298,12 @@ local function drain_full(figures, inflight, budget)
 end
 
 -- discard only: {committed + discarded, live, the length a generation in flight is expected to have in all
--- (discard_length), the spread of the lengths, the answers committed, max_new_tokens}.
+-- (inflight_length), the spread of the lengths, the answers committed, max_new_tokens}.
 local function discard_figures(ledger)
   local tokens, tokens_sq, samples = num(ledger, 'tokens'), num(ledger, 'tokens_sq'), num(ledger, 'samples')
   local max_new = num(ledger, 'max_new_tokens')
   if max_new <= 0 then max_new = 128 end
-  return {spent(ledger), num(ledger, 'live_tokens'), discard_length(tokens, tokens_sq, samples),
+  return {spent(ledger), num(ledger, 'live_tokens'), inflight_length(tokens, tokens_sq, samples),
     discard_spread(tokens, tokens_sq, samples), samples, max_new}
 end
 
@@ -404,15 +404,20 @@ local function drop_lease(ledger, leases, owners, live, reserved, clock, sid)
   return n
 end
 
+-- A sample given back without a result is pending with ``reason``, unless it is done or failed already.
+local function pending_unless_finished(pending, done, failed, sid, reason)
+  if redis.call('HEXISTS', done, sid) == 0 and redis.call('HEXISTS', failed, sid) == 0 then
+    redis.call('HSET', pending, sid, reason)
+  end
+end
+
 -- Take back leases whose holder stopped renewing them (a killed worker); the samples become pending.
 local function reclaim_expired(ledger, leases, owners, live, reserved, clock, pending, done, failed, now)
   local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 256)
   for _, sid in ipairs(expired) do
     local n = drop_lease(ledger, leases, owners, live, reserved, clock, sid)
     redis.call('HINCRBY', ledger, 'wasted_tokens', n)
-    if redis.call('HEXISTS', done, sid) == 0 and redis.call('HEXISTS', failed, sid) == 0 then
-      redis.call('HSET', pending, sid, 'lease_expired')
-    end
+    pending_unless_finished(pending, done, failed, sid, 'lease_expired')
   end
   if #expired > 0 then redis.call('HINCRBY', ledger, 'reclaimed', #expired) end
   return #expired

@@ -210,18 +210,15 @@ if #clock_gone > 0 then redis.call('HDEL', clock, unpack(clock_gone)) end
 clock_apply(ledger, d)
 if rate ~= rate0 then redis.call('HSET', ledger, 'gen_rate', rate) end
 
--- the starts the budget's end turned away: given back as release.lua does (they hold no grant and have
--- produced nothing)
-local dropped = 0
+-- the starts the budget's end turned away (each held the lease: -3 follows the owner check above) are given
+-- back as release.lua does; they hold no grant and have produced nothing
+local dropped = false
 for i = 1, n do
-  if out[i] == -3 and owns(owners, sids[i], ARGV[STRIDE * (i - 1) + 3]) then
-    local sid = sids[i]
-    drop_lease(ledger, leases, owners, live, reserved, clock, sid)
-    if redis.call('HEXISTS', done, sid) == 0 and redis.call('HEXISTS', failed, sid) == 0 then
-      redis.call('HSET', pending, sid, 'limit')
-    end
-    dropped = dropped + 1
+  if out[i] == -3 then
+    drop_lease(ledger, leases, owners, live, reserved, clock, sids[i])
+    pending_unless_finished(pending, done, failed, sids[i], 'limit')
+    dropped = true
   end
 end
-if dropped > 0 then refresh_state(ledger) end
+if dropped then refresh_state(ledger) end
 return out

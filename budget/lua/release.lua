@@ -16,7 +16,5 @@ if ARGV[5] == '1' then
   -- thrown away at its grant: it may have passed it by the step or two its abort took to land
   if grant > 0 and n > grant then redis.call('HINCRBY', ledger, 'overdrawn_tokens', n - grant) end
 end
-if redis.call('HEXISTS', done, sid) == 0 and redis.call('HEXISTS', failed, sid) == 0 then
-  redis.call('HSET', pending, sid, ARGV[3])
-end
+pending_unless_finished(pending, done, failed, sid, ARGV[3])
 return refresh_state(ledger)
