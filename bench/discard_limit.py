@@ -18,7 +18,14 @@ same lognormal lengths:
   longest of as many answers as it takes to reach the budget.
 
 Both keep what the ledger keeps: an answer whose commit would pass the budget plus its 1% slack is thrown
-away whole and stops what still runs. Ratios are to ``none``; medians over seeds.
+away whole, and once what is kept and thrown away reaches the budget, what still runs is stopped and
+thrown away (``budget_stops`` in ``_lib.lua``). Ratios are to ``none``; medians over seeds.
+
+``--over-admit 1.05 1.2`` prints a second table: an alternative tokenfleet does not run, priced in waste.
+The rule starts answers while they are expected to fill the budget times the factor: the budget is
+reached sooner, and more answers are running, stopped and thrown away then. The table gives the time and
+the GPU time spent on answers nobody keeps (as a share of the budget), with the rule as tokenfleet learns
+the lengths and as it would knowing them.
 
     python bench/discard_limit.py                  # the cells of docs/budgets.md
     python bench/discard_limit.py --budget 10000000 --slots 1024 --mean 2000
@@ -99,6 +106,15 @@ def lengths(mean: float, sigma: float, max_new: int, seed: int) -> Callable[[], 
     return lambda: min(max_new, max(1, round(rnd.lognormvariate(mu, sigma))))
 
 
+def over(rule: Rule, factor: float) -> Rule:
+    """``rule`` aiming at the budget times ``factor``."""
+
+    def full(n: int, led: Ledger, live: int, budget: int, max_new: int) -> bool:
+        return rule(n, led, live, round(budget * factor), max_new)
+
+    return full
+
+
 def run_budget(
     slots: int, budget: int, draw: Callable[[], int], max_new: int, rule: Rule
 ) -> tuple[int, int, int]:
@@ -127,6 +143,11 @@ def run_budget(
             led.tokens += length
             led.tokens_sq += length * length
             led.samples += 1
+        if running and led.spent >= budget:
+            # the budget is reached: what still runs is stopped and thrown away (budget_stops)
+            thrown += sum(p for _, p in running)
+            led.spent += sum(p for _, p in running)
+            running, stopped = [], True
 
 
 def longest_filling(budget: int, draw: Callable[[], int]) -> int:
@@ -162,6 +183,13 @@ def main() -> int:
     p.add_argument("--sigma", type=float)
     p.add_argument("--max-new", type=int)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument(
+        "--over-admit",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also price the alternative that stops what runs at the budget, starting this many times it",
+    )
     args = p.parse_args()
     cells = CELLS
     if args.slots or args.budget or args.mean:
@@ -190,7 +218,35 @@ def main() -> int:
             f"| {median(known):.2f}x | {median(bound):.2f}x | {median(thrown):,.0f} |",
             flush=True,
         )
+    if args.over_admit:
+        print_over_admit(cells, args.over_admit, args.seeds)
     return 0
+
+
+Cell = tuple[int, int, float, float, int]
+
+
+def print_over_admit(cells: list[Cell], factors: list[float], seeds: int) -> None:
+    """The alternative: started up to the budget times each factor, what runs stopped at the budget."""
+    print()
+    heads = " | ".join(f"x{f:g}: learning / knowing (thrown away)" for f in factors)
+    print(f"| slots | budget | mean (sigma) | {heads} |")
+    print("|---|---|---|" + "---|" * len(factors))
+    for slots, budget, mean, sigma, max_new in cells:
+        row = []
+        for factor in factors:
+            figures: list[list[float]] = [[], [], [], []]
+            for seed in range(seeds):
+                base = run_none(slots, budget, lengths(mean, sigma, max_new, seed))
+                for i, rule in enumerate((tokenfleet_rule, knowing_rule(mean, sigma))):
+                    s, _, t = run_budget(
+                        slots, budget, lengths(mean, sigma, max_new, seed), max_new, over(rule, factor)
+                    )
+                    figures[2 * i].append(s / base)
+                    figures[2 * i + 1].append(t / budget)
+            learn, learn_w, know, know_w = (median(f) for f in figures)
+            row.append(f"{learn:.2f}x ({learn_w:.1%}) / {know:.2f}x ({know_w:.1%})")
+        print(f"| {slots:,} | {budget:,} | {mean:g} ({sigma:g}) | {' | '.join(row)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -642,7 +642,7 @@ class Ledger:
     @_translate_errors
     def commit_many(self, name: str, items: Sequence[CommitItem]) -> list[CommitOutcome]:
         """Count a batch of generations whose records are written, in one call (``budget/lua/commit.lua``):
-        each exactly once."""
+        each exactly once. A batch that spends a discard budget announces the stop of what still runs."""
         if not items:
             return []
         args: list[Any] = []
@@ -658,7 +658,9 @@ class Ledger:
                 bucket_of(tokens),
             ]
         flat = self._call("commit", name, args)
-        return [CommitOutcome(o) for o in flat[1:]]
+        if int(flat[1]):
+            self.announce_stop(name)
+        return [CommitOutcome(o) for o in flat[2:]]
 
     def commit(
         self, name: str, sample_id: str, attempt: str, completion_tokens: int, truncated: bool = False

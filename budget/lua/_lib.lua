@@ -474,11 +474,21 @@ local function owns(owners, sid, attempt)
   return redis.call('HGET', owners, sid) == attempt
 end
 
--- Whether what runs must stop for the budget (truncate, discard): committed + discarded + reserved is
--- above it, which happens only when an operator lowered the budget (admit never reserves past it).
+-- Whether what runs of a dataset must stop for its ``budget`` under ``mode``, ``used`` being committed +
+-- discarded - overdrawn + reserved. truncate: once that is above the budget, which only an operator's
+-- lowering does (grants never pass it). discard: once it reaches the budget. The answers kept then fill
+-- it, and one still running could only be kept within the slack, or thrown away past it, after the wait
+-- for the longest of them; stopped now (thrown away, counted against the budget), it costs no more GPU
+-- time, and the budget's tail ends (docs/budgets.md: the model and the runs before and after). drain:
+-- never.
+local function budget_stops(mode, budget, used)
+  if not budget or mode == 'drain' then return false end
+  if mode == 'discard' then return used >= budget end
+  return used > grant_pool(mode, budget)
+end
+
+-- Whether what runs must stop for the budget now (budget_stops, from the ledger).
 local function over_budget(ledger)
-  local budget = limit(ledger, 'token_budget')
-  if not budget or redis.call('HGET', ledger, 'on_budget') == 'drain' then return false end
-  return spent(ledger) - num(ledger, 'overdrawn_tokens') + num(ledger, 'reserved_tokens')
-    > grant_pool(redis.call('HGET', ledger, 'on_budget'), budget)
+  return budget_stops(redis.call('HGET', ledger, 'on_budget'), limit(ledger, 'token_budget'),
+    spent(ledger) - num(ledger, 'overdrawn_tokens') + num(ledger, 'reserved_tokens'))
 end

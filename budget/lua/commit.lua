@@ -5,7 +5,9 @@
 -- ARGV: for each generation: sid, attempt, completion_tokens, truncated (0 | 1), reasoning_tokens (of
 -- completion_tokens, the model's thinking), hit_max_new (0 | 1: it ended at the dataset's max_new_tokens),
 -- length bucket (of completion_tokens, computed by the caller: budget/lengths.py)
--- Returns {state, outcome_1, outcome_2, ...}; outcome: committed | duplicate (already committed by
+-- Returns {state, stop, outcome_1, outcome_2, ...}; stop: 1 where this batch made what still runs of the
+-- dataset due to stop for its budget (budget_stops: a discard budget reached, or an answer thrown away
+-- past its slack), so that the caller announces it at once, else 0; outcome: committed | duplicate (already committed by
 -- another attempt) | over_limit (max_samples already reached, or the attempt holds no reservation (it
 -- lost its lease, or discard, which reserves none) and the token budget has no room for it: not counted,
 -- so not exported) | revoked (the
@@ -25,6 +27,7 @@ local state = f[1]
 -- an attempt that ends after the dataset was forgotten must not bring its ledger back
 if not state then
   out[1] = 'unknown'
+  out[2] = 0
   for i = 1, n do out[#out + 1] = 'unknown' end
   return out
 end
@@ -43,6 +46,7 @@ local discarded = tonumber(f[11]) or 0
 local reasoning, hit_max_new, longest = tonumber(f[12]) or 0, tonumber(f[13]) or 0, tonumber(f[14]) or 0
 local overdrawn = tonumber(f[16]) or 0
 local tokens_sq = tonumber(f[17]) or 0
+local stopped_before = budget_stops(mode, budget, tokens + discarded - overdrawn + reserved_tokens)
 -- reservations exist only while some are held (a dataset without a token budget never has any)
 local reserved_of = {}
 if reserved_tokens ~= 0 then reserved_of = redis.call('HMGET', reserved, unpack(sids)) end
@@ -54,6 +58,7 @@ local new_tokens, new_samples, thrown = 0, 0, 0
 -- committed samples per length bucket in this batch, and the buckets in the order first seen
 local per_bucket, buckets = {}, {}
 out[1] = state
+out[2] = 0
 for i = 1, n do
   local at = STRIDE * (i - 1)
   local sid, attempt, k, cut = sids[i], ARGV[at + 2], tonumber(ARGV[at + 3]), ARGV[at + 4]
@@ -87,8 +92,8 @@ for i = 1, n do
       and tokens + discarded - overdrawn + reserved_tokens + k > grant_pool(mode, strict_budget) then
     -- discard reserves nothing: an answer that would pass the budget and its slack is thrown away whole,
     -- counted against the budget as discarded (as release.lua counts one stopped at the budget): the
-    -- budget is then spent past its pool, so stop_check stops what still runs of the dataset at once
-    -- (each would be thrown away too) instead of letting it run to its end
+    -- budget is then spent, so stop_check stops what still runs of the dataset at once (each would be
+    -- thrown away too) instead of letting it run to its end
     outcome = 'over_limit'
     if holds and mode == 'discard' then
       discarded = discarded + k
@@ -145,6 +150,9 @@ if (new_samples > 0 or thrown > 0) and (state == 'active' or state == 'exhausted
         discard_one(tokens, tokens_sq, samples, budget))))
   if reached then state = 'exhausted' else state = 'active' end
   out[1] = state
+end
+if not stopped_before and budget_stops(mode, budget, tokens + discarded - overdrawn + reserved_tokens) then
+  out[2] = 1
 end
 local fields = {'tokens', tokens, 'samples', samples, 'truncated', truncated,
   'live_tokens', live_tokens, 'reserved_tokens', reserved_tokens, 'wasted_tokens', wasted,

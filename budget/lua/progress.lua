@@ -3,8 +3,8 @@
 -- ARGV: sid, attempt, lease_ms
 -- Returns {action, state}: action is
 --   continue  keep generating (the lease is renewed)
---   stop      the dataset was revoked or paused, or its budget was lowered below what is committed and
---             reserved (policy truncate or discard)
+--   stop      the dataset was revoked or paused, or what runs must stop for its budget (over_budget:
+--             truncate, a budget lowered below what is committed and reserved; discard, a budget reached)
 --   lost      this attempt no longer holds the lease (it expired and was reclaimed)
 local sid, attempt, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local state = redis.call('HGET', ledger, 'state') or 'unknown'

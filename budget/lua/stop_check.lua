@@ -5,8 +5,9 @@
 -- Returns the reason to stop, or "" to go on:
 --   revoked   the operator revoked the dataset
 --   paused    the operator paused it (the samples go back to pending, fed again on resume)
---   budget    its budget was lowered below the tokens committed and reserved (policy truncate or
---             discard): a reservation no longer fits, so what runs is cut now
+--   budget    truncate: its budget was lowered below the tokens committed and reserved, so a grant no
+--             longer fits and what runs is cut now; discard: what it keeps (and threw away) reached its
+--             budget, or an operator lowered it there, and what still runs is thrown away now
 --   unknown   the dataset is not in this ledger
 -- One read (every worker process asks this twice a second for each dataset it has in flight).
 local f = redis.call('HMGET', ledger, 'state', 'token_budget', 'on_budget', 'tokens', 'discarded_tokens',
@@ -14,11 +15,9 @@ local f = redis.call('HMGET', ledger, 'state', 'token_budget', 'on_budget', 'tok
 local state = f[1]
 if not state then return 'unknown' end
 if state == 'revoked' or state == 'paused' then return state end
-local budget = tonumber(f[2] or '')
 -- over_budget's rule (_lib.lua), from the one read: tokens past grants (an abort's lag) are no lowering
-if budget and f[3] ~= 'drain'
-    and (tonumber(f[4]) or 0) + (tonumber(f[5]) or 0) - (tonumber(f[7]) or 0) + (tonumber(f[6]) or 0)
-      > grant_pool(f[3], budget) then
+if budget_stops(f[3], tonumber(f[2] or ''),
+    (tonumber(f[4]) or 0) + (tonumber(f[5]) or 0) - (tonumber(f[7]) or 0) + (tonumber(f[6]) or 0)) then
   return 'budget'
 end
 return ''

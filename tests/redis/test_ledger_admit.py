@@ -458,7 +458,7 @@ def test_progress_continues_while_the_dataset_runs_and_the_budget_is_not_overdra
 
 @pytest.mark.parametrize(
     ("on_budget", "lowered"),
-    [("truncate", Progress.STOP), ("discard", Progress.STOP), ("drain", Progress.CONTINUE)],
+    [("truncate", Progress.STOP), ("drain", Progress.CONTINUE)],
 )
 def test_progress_says_stop_once_the_budget_is_lowered_below_committed_plus_reserved_unless_drain(
     ledger: Ledger, on_budget: str, lowered: Progress
@@ -476,6 +476,24 @@ def test_progress_says_stop_once_the_budget_is_lowered_below_committed_plus_rese
 
     assert progress(ledger, "s1", "a1") is lowered
     assert ledger.stop_reasons([DS]) == {DS: "budget" if lowered is Progress.STOP else ""}
+
+
+def test_progress_says_stop_under_discard_once_what_is_spent_reaches_the_budget_lowered_or_not(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=200, on_budget="discard")
+    commit_new(ledger, "s0", 30)
+    lease(ledger, "s1", want=50)
+    assert ledger.snapshot(DS).reserved_tokens == 0  # discard reserves nothing
+
+    ledger.set_limits(DS, token_budget=31)  # one token left: what runs may still be kept
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
+    assert ledger.stop_reasons([DS]) == {DS: ""}
+
+    ledger.set_limits(DS, token_budget=30)  # reached: an answer still running could only pass it
+
+    assert progress(ledger, "s1", "a1") is Progress.STOP
+    assert ledger.stop_reasons([DS]) == {DS: "budget"}
 
 
 def test_progress_ignores_live_tokens_past_the_budget(ledger: Ledger) -> None:

@@ -7,6 +7,7 @@ runs of random interleavings that must never pass the pool nor lose track of the
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import redis
@@ -526,18 +527,45 @@ def test_a_discard_answer_that_would_pass_the_budget_and_its_one_percent_is_thro
         assert ledger.admit(DS, sid, "a1").admission is Admission.OK
 
     assert ledger.commit(DS, "s1", "a1", 950) is CommitOutcome.COMMITTED  # 951 of 1,010
+    assert ledger.stop_reasons([DS]) == {DS: ""}
+    # s3 is stopped only once what is kept reaches the budget: one that ends meanwhile is kept in the slack
     assert ledger.commit(DS, "s3", "a1", 59) is CommitOutcome.COMMITTED  # 1,010: the slack's end
-    assert ledger.stop_reasons([DS]) == {DS: ""}  # the slack is no lowered budget
     assert ledger.commit(DS, "s2", "a1", 60) is CommitOutcome.OVER_LIMIT  # 1,070: past the slack
 
     snap = ledger.snapshot(DS)
     assert (snap.tokens, snap.samples, snap.inflight, snap.truncated) == (1010, 3, 0, 0)  # none cut
-    # thrown away whole, and counted against the budget: spent past the pool, what still runs of the
-    # dataset is stopped at once (each would be thrown away too), and the dataset is exhausted
+    # thrown away whole, and counted against the budget: the dataset is exhausted, and what would still
+    # run of it is stopped (each would be thrown away too)
     assert (snap.discarded_tokens, snap.wasted_tokens) == (60, 60)
     assert ledger.stop_reasons([DS]) == {DS: "budget"}
     assert snap.state == DatasetState.EXHAUSTED
     assert pending(redis_client) == {"s2": "discarded"}  # not lost: dropped by the budget
+
+
+def test_the_commit_that_spends_a_discard_budget_announces_the_stop_of_what_still_runs_once(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=1000, on_budget="discard")
+    commit_new(ledger, "c", 1)
+    for sid in ("s1", "s2", "s3", "s4"):
+        assert ledger.admit(DS, sid, "a1").admission is Admission.OK
+    stops = ledger.subscribe_stops()
+    try:
+        assert ledger.commit(DS, "s1", "a1", 900) is CommitOutcome.COMMITTED  # 901: not yet
+        assert ledger.stop_reasons([DS]) == {DS: ""}
+        assert ledger.commit(DS, "s2", "a1", 99) is CommitOutcome.COMMITTED  # 1,000: the budget
+        assert ledger.stop_reasons([DS]) == {DS: "budget"}
+        assert ledger.commit(DS, "s3", "a1", 5) is CommitOutcome.COMMITTED  # kept in the slack
+
+        messages = []
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline:
+            message = stops.get_message(timeout=0.2)
+            if message is not None:
+                messages.append(message["data"])
+        assert messages == [DS]  # the crossing only
+    finally:
+        stops.close()
 
 
 def test_discard_is_exhausted_once_less_than_one_answer_needs_is_left_and_truncate_once_nothing_is(
