@@ -141,7 +141,8 @@ def project(s: DatasetSnapshot) -> Projection:
             waste = s.discarded_tokens
         elif s.on_budget == "drain":  # the running generations finish: their expected rest
             overshoot, waste = int(max(0.0, s.inflight * mean - s.live_tokens)), 0
-        else:  # truncate, discard: every generation holds a grant of the budget (budget/lua/_lib.lua)
+        else:  # truncate: every generation holds a grant of the budget (budget/lua/_lib.lua); discard:
+            # nothing passes the budget, and what is thrown away is known once it is reached
             overshoot, waste = 0, 0
     if s.settled:
         eta: float | None = 0.0
