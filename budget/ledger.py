@@ -363,11 +363,15 @@ class Ledger:
     # --- datasets -------------------------------------------------------------------------------
 
     @_translate_errors
-    def register(self, name: str, limits: DatasetLimits, spec: dict[str, Any]) -> str:
-        """Create or update a dataset; returns its state. Counters and the done-set are kept."""
+    def register(
+        self, name: str, limits: DatasetLimits, spec: dict[str, Any]
+    ) -> tuple[str, dict[str, int | None]]:
+        """Create or update a dataset; returns its state and the limits kept at the value set live
+        (``{"token_budget": 5000}``; None: removed live) instead of ``limits``' (``budget/lua/register.lua``
+        says when). Counters and the done-set are kept."""
         sampling = spec.get("sampling") or {}
         max_new = sampling.get("max_new_tokens") if isinstance(sampling, dict) else None
-        state: str = self._call(
+        state, *kept = self._call(
             "register",
             name,
             [
@@ -379,7 +383,7 @@ class Ledger:
             ],
         )
         self.client.sadd(DATASETS_SET, name)
-        return state
+        return str(state), {str(f): _optional_int(v) for f, v in zip(kept[::2], kept[1::2], strict=True)}
 
     @_translate_errors
     def datasets(self) -> list[str]:
@@ -416,7 +420,8 @@ class Ledger:
     def set_limits(
         self, name: str, token_budget: int | str | None = "-", max_samples: int | str | None = "-"
     ) -> str:
-        """Change limits; ``"-"`` leaves one unchanged, ``None`` removes it. Returns the new state."""
+        """Change limits; ``"-"`` leaves one unchanged, ``None`` removes it. Returns the new state. A limit
+        changed here is kept by a later ``register`` whose config still brings the value it brought before."""
 
         def arg(v: int | str | None) -> str:
             return v if isinstance(v, str) else _limit_arg(v)

@@ -61,6 +61,8 @@ PLAIN_PROGRESS_EVERY_S: Final = 10.0
 #: that finished a generation as Redis went away writes its record first (its commit then fails), and
 #: every other generation stops at its next chunk (its lease is gone).
 LOST_LEDGER_GRACE_S: Final = 2.0
+#: What submit calls each limit the ledger may keep at its value set live.
+LIMIT_NAMES: Final = {"token_budget": "token budget", "max_samples": "sample cap"}
 
 
 class SubmitError(Exception):
@@ -193,23 +195,46 @@ def check_servers(cfg: FleetConfig, client: SGLangClient) -> dict[str, ServerFac
     return facts
 
 
+@dataclass(frozen=True)
+class Registered:
+    """One dataset as ``Ledger.register`` left it: its state, and the limits it kept at their values set
+    live with ``tokenfleet budget`` instead of the config's (None: removed live)."""
+
+    state: str
+    kept: dict[str, int | None] = field(default_factory=dict)
+
+
 def register(
     cfg: FleetConfig,
     ledger: Ledger,
     storage_token: str | None = None,
     servers: Mapping[str, ServerFacts] | None = None,
-) -> dict[str, str]:
+) -> dict[str, Registered]:
     """Register (or update) every dataset of ``cfg``; ``storage_token`` goes into each spec, for workers
     to check they write to the storage submit marked (`budget.storage.check_same_storage`). ``servers``:
     what submit learned of each server (asked now when not given)."""
     if servers is None:
         servers = learn_servers(cfg)
-    states = {}
+    registered = {}
     for ds in cfg.datasets:
         limits = DatasetLimits(ds.token_budget, ds.max_samples, ds.on_budget)
         spec = dataset_spec(cfg, ds.name, servers, storage_token)
-        states[ds.name] = ledger.register(ds.name, limits, spec.as_json())
-    return states
+        registered[ds.name] = Registered(*ledger.register(ds.name, limits, spec.as_json()))
+    return registered
+
+
+def kept_limit_lines(ds: DatasetConfig, kept: Mapping[str, int | None]) -> list[str]:
+    """One line per limit the ledger kept at its value set live rather than ``ds``'s: a submit run again
+    must not undo a live change silently, nor keep it without saying so."""
+
+    def shown(value: int | None) -> str:
+        return "none" if value is None else f"{value:,}"
+
+    return [
+        f"{ds.name}: keeping the {LIMIT_NAMES[limit]} set live ({shown(value)}); the config says "
+        f"{shown(getattr(ds, limit))} — change it with `tokenfleet budget {ds.name}` or edit the config"
+        for limit, value in kept.items()
+    ]
 
 
 @dataclass
@@ -327,7 +352,8 @@ def adopt_outputs(
 ) -> dict[str, str]:
     """Register the datasets; first rebuild from the output files any whose ledger vanished (an epoch
     marker or part files, and a ledger that does not know it); then record epochs, fingerprints and
-    markers. ``only``: just these datasets (the ones lost mid-run). Returns the datasets' states."""
+    markers; say which limits the ledger kept at their values set live. ``only``: just these datasets
+    (the ones lost mid-run). Returns the datasets' states."""
     known = set(ledger.datasets())
     lost = {
         ds.name
@@ -338,11 +364,14 @@ def adopt_outputs(
             or count_part_lines(cfg.output_dir / ds.name) > 0
         )
     }
-    states = register(cfg, ledger, storage_token, servers)
+    registered = register(cfg, ledger, storage_token, servers)
+    states = {name: r.state for name, r in registered.items()}
     for ds in cfg.datasets:
         name = ds.name
         if only is not None and name not in only:
             continue
+        for line in kept_limit_lines(ds, registered[name].kept):
+            console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
         if name in lost:
             r = reconcile_dataset(ledger, name, cfg.output_dir)
             states[name] = r.state

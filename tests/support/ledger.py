@@ -51,7 +51,9 @@ def make(
     on_budget: str = "truncate",
     spec: dict[str, Any] | None = None,
 ) -> str:
-    return ledger.register(name, DatasetLimits(token_budget, max_samples, on_budget), spec or SPEC)
+    """Register ``name`` with these limits; returns its state."""
+    state, _kept = ledger.register(name, DatasetLimits(token_budget, max_samples, on_budget), spec or SPEC)
+    return state
 
 
 def lease(
