@@ -12,6 +12,10 @@ The end is the ledger's word, never the feeder's guess: a dataset is done when i
 published nothing is not the end: pending samples no longer in the source (changed or removed lines) are
 taken off the pending list and counted (``not_in_source``), and the next round asks the ledger again.
 Any other end raises `Unsettled`, which says what is left.
+
+A dataset a limit or a revoke stops before its pass has read the whole source still has the rest of it read,
+without anything fed, a slice of each round at a time: its source is counted (``source_total``), so the
+samples never fed are known. Should it be active again (a limit raised, a resume), another pass feeds them.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ IDLE_POLL_MAX_S: Final = 1.0
 #: ... or to this while a dataset's budget is all reserved by generations in flight: a freed reservation
 #: reaches a new generation through the next round (a budget's tail runs at this pace).
 BUDGET_POLL_S: Final = 0.25
+
+#: A round spends at most this long reading on through the sources of datasets a limit or a revoke stopped
+#: (counting, not feeding): the datasets still fed wait no longer than this for it.
+COUNT_SLICE_S: Final = 0.05
 
 #: Reclaim expired leases and audit queued samples this often.
 AUDIT_EVERY_S: Final = 5.0
@@ -127,6 +135,9 @@ class DatasetFeed:
     pass_complete: bool = False
     #: Samples published by the current pass.
     published_this_pass: int = 0
+    #: The current pass read samples without feeding them (its dataset had stopped: they were only
+    #: counted): should the dataset be fed again, another pass feeds them.
+    skipped: bool = False
     #: How records become samples (format, tokenizer, context length); None: the plain line format.
     reader: RecordReader | None = None
     buffer: deque[Sample] = field(default_factory=deque)
@@ -141,6 +152,7 @@ class DatasetFeed:
         self.passes += 1
         self.pass_complete = False
         self.published_this_pass = 0
+        self.skipped = False
         self.buffer.clear()
         self.unseen_pending = set(pending or ())
         self.seen_pending = set()
@@ -149,17 +161,51 @@ class DatasetFeed:
             self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
             self.rejected_path.write_bytes(b"")
 
+    def reset(self) -> None:
+        """Forget everything this run's passes found (the ledger they were counted in is gone): the next
+        round starts a first pass afresh, with no id seen yet and nothing counted, rejected or buffered."""
+        self.passes, self.pass_complete, self.total, self.rejected = 0, False, 0, 0
+        self.published_this_pass, self.skipped = 0, False
+        self.buffer.clear()
+        self.unseen_pending, self.seen_pending = set(), set()
+        self._ids, self._lines = set(), None
+
     def take(self, n: int) -> list[Sample]:
         """Up to ``n`` samples: first those put back, then new ones from the source."""
         out: list[Sample] = []
         while self.buffer and len(out) < n:
             out.append(self.buffer.popleft())
-        while self._lines is not None and len(out) < n:
+        while len(out) < n and (sample := self._next()) is not None:
+            out.append(sample)
+        return out
+
+    def skip(self, deadline: float) -> bool:
+        """Read on through the pass without feeding, until the source ends or ``time.monotonic()`` reaches
+        ``deadline`` (one line at least): a dataset that stopped early still has its whole source counted
+        (the first pass's total and rejected lines). Returns whether the source is read to its end."""
+        if self.buffer:  # counted when they were read
+            self.skipped = True
+            self.buffer.clear()
+        # the warning about prompts sent with their ids unchecked counts those sent, not those counted
+        unchecked = self.reader.unchecked if self.reader is not None else 0
+        while self._lines is not None:
+            if self._next() is not None:
+                self.skipped = True
+            if time.monotonic() >= deadline:
+                break
+        if self.reader is not None:
+            self.reader.unchecked = unchecked
+        return self._lines is None
+
+    def _next(self) -> Sample | None:
+        """The pass's next sample from the source (None at its end). The first pass counts the samples and
+        rejects bad lines and repeated ids; a later one notes which pending ids the source still has."""
+        while self._lines is not None:
             item = next(self._lines, None)
             if item is None:
                 self._lines = None
                 self._ids = set()  # only the first pass checks ids: free them
-                break
+                return None
             if isinstance(item, Rejected):
                 if self.passes == 1:
                     self._reject(item)
@@ -173,8 +219,8 @@ class DatasetFeed:
             elif item.sample_id in self.unseen_pending:
                 self.unseen_pending.discard(item.sample_id)
                 self.seen_pending.add(item.sample_id)
-            out.append(item)
-        return out
+            return item
+        return None
 
     def _seen_before(self, sample_id: str) -> bool:
         """Whether an earlier line of this pass had ``sample_id`` (8-byte digests: ~50 bytes a sample)."""
@@ -225,15 +271,20 @@ class Feeder:
         #: The broker's queue list: a dataset that stops (limit, revoke, pause) has its waiting messages
         #: purged from it at once instead of each being dropped by a worker.
         self.queue_key = queue_key
+        #: Whether the last round left the source of a stopped dataset partly counted (the next round
+        #: comes soon, to go on).
+        self.counting = False
 
     def snapshots(self) -> list[DatasetSnapshot]:
         return [self.ledger.snapshot(f.name) for f in self.feeds]
 
     def settled(self, feed: DatasetFeed, snap: DatasetSnapshot) -> bool:
-        """The ledger's word (`DatasetSnapshot.settled`), once this run has read the source."""
+        """The ledger's word (`DatasetSnapshot.settled`), once this run has read the source to its end:
+        a dataset a limit or a revoke stopped has the rest counted without being fed (so `status` can say
+        how many were never fed); an active one must have been fed all of it."""
         if snap.state in (DatasetState.EXHAUSTED, DatasetState.REVOKED):
-            return snap.settled
-        return feed.pass_complete and snap.settled
+            return feed.pass_complete and snap.settled
+        return feed.pass_complete and not feed.skipped and snap.settled
 
     def expected_end_s(self) -> float:
         """When the samples queued and in flight should all be done, at the last round's commit rate
@@ -255,6 +306,7 @@ class Feeder:
         self.budget_waiting = False
         self.last_snapshots = []
         self.refill_s = math.inf
+        stopped: list[DatasetFeed] = []
         for feed in self.feeds:
             snap = self.ledger.snapshot(feed.name)
             self.last_snapshots.append(snap)
@@ -264,11 +316,18 @@ class Feeder:
             if snap.state != DatasetState.ACTIVE:
                 if snap.queued and self.queue_key is not None:
                     self.ledger.purge_queue(feed.name, self.queue_key, snap.state)
+                if snap.state in (DatasetState.EXHAUSTED, DatasetState.REVOKED) and not feed.pass_complete:
+                    stopped.append(feed)
                 continue
             if feed.passes == 0:
                 feed.start_pass()
             elif feed.pass_complete:
-                if snap.pending and not snap.queued and not snap.inflight:
+                if feed.skipped:
+                    # stopped mid-pass and active again (a raised limit, a resume): the samples the
+                    # pass only counted are fed by another
+                    self.ledger.set_source(feed.name, done=False)
+                    feed.start_pass(self.ledger.pending_ids(feed.name))
+                elif snap.pending and not snap.queued and not snap.inflight:
                     # Expired leases count as pending but the ledger skips a leased sample: take them
                     # back first, or this pass would publish nothing.
                     self.reclaim_expired(feed.name)
@@ -285,7 +344,21 @@ class Feeder:
                 # a queue at least half full lasts this long at the rate its samples are taken
                 refill_s = (queued - half) / rate if rate > 0 and queued > half else 0.0
                 self.refill_s = min(self.refill_s, refill_s)
+        self.counting = bool(stopped) and not self._count(stopped)
         return all_settled
+
+    def _count(self, feeds: Sequence[DatasetFeed]) -> bool:
+        """Read on through the sources of datasets a limit or a revoke stopped before their pass ended,
+        feeding nothing, for at most `COUNT_SLICE_S` this round (after the others were fed), so that each
+        ends with its source counted. Returns whether every one of them is counted."""
+        deadline = time.monotonic() + COUNT_SLICE_S
+        for feed in feeds:
+            if feed.passes == 0:  # stopped before this run fed it
+                feed.start_pass()
+            if not feed.skip(deadline):
+                return False
+            self._complete_pass(feed)
+        return True
 
     def _feed(self, feed: DatasetFeed, room: int) -> None:
         """Publish up to ``room`` samples of ``feed`` (the window less what the round's snapshot found
@@ -319,28 +392,32 @@ class Feeder:
             if codes and codes[-1] == ENQUEUE_WINDOW_FULL:
                 feed.put_back(samples[len(codes) - 1 :])
                 return
-        if feed.exhausted_source and not feed.pass_complete:
-            # The pass is complete once the ledger says so: where Redis goes away before it does (a
-            # restart), the next round says it again (the calls below are idempotent). Marked first,
-            # a dataset whose source_done never reached the ledger would never settle.
-            if feed.passes == 1:
-                self.ledger.set_source(feed.name, total=feed.total, done=True, rejected=feed.rejected)
-                feed.pass_complete = True
-                return
-            # Pending samples the pass did not find are not in the source any more; marks of samples
-            # done or failed meanwhile are stale. Neither may keep the dataset from settling.
-            orphans, stale = sorted(feed.unseen_pending), sorted(feed.seen_pending)
-            if orphans or stale:
-                cleared, _ = self.ledger.clear_pending(feed.name, orphans, stale)
-                if cleared:
-                    log.warning(
-                        "%s: %d pending sample(s) are no longer in the source; not fed again",
-                        feed.name,
-                        cleared,
-                    )
-            feed.unseen_pending, feed.seen_pending = set(), set()
-            self.ledger.set_source(feed.name, done=True)
+        if feed.exhausted_source:
+            self._complete_pass(feed)
+
+    def _complete_pass(self, feed: DatasetFeed) -> None:
+        """Tell the ledger what the pass, read to its end, found."""
+        if feed.pass_complete:
+            return
+        # The pass is complete once the ledger says so: where Redis goes away before it does (a restart),
+        # the next round says it again (the calls below are idempotent). Marked first, a dataset whose
+        # source_done never reached the ledger would never settle.
+        if feed.passes == 1:
+            self.ledger.set_source(feed.name, total=feed.total, done=True, rejected=feed.rejected)
             feed.pass_complete = True
+            return
+        # Pending samples the pass did not find are not in the source any more; marks of samples done or
+        # failed meanwhile are stale. Neither may keep the dataset from settling.
+        orphans, stale = sorted(feed.unseen_pending), sorted(feed.seen_pending)
+        if orphans or stale:
+            cleared, _ = self.ledger.clear_pending(feed.name, orphans, stale)
+            if cleared:
+                log.warning(
+                    "%s: %d pending sample(s) are no longer in the source; not fed again", feed.name, cleared
+                )
+        feed.unseen_pending, feed.seen_pending = set(), set()
+        self.ledger.set_source(feed.name, done=True)
+        feed.pass_complete = True
 
     def run(
         self,
@@ -380,7 +457,7 @@ class Feeder:
                 if stall_s > 0 and now - last_look >= min(1.0, stall_s) and not done:
                     last_look = now
                     snaps = self.last_snapshots if fresh else self.snapshots()
-                    if progress_mark(snaps) != mark:
+                    if progress_mark(snaps) != mark or self.counting:
                         mark, moved = progress_mark(snaps), now
                     elif now - moved >= stall_s and not self.ledger.workers():
                         raise Unsettled(f"no progress and no worker online for {now - moved:.0f} s", snaps)
@@ -398,8 +475,7 @@ class Feeder:
                     raise
                 on_lost_ledger()
                 for feed in self.feeds:
-                    feed.passes, feed.pass_complete, feed.total, feed.rejected = 0, False, 0, 0
-                    feed.buffer.clear()
+                    feed.reset()
                 last_audit = 0.0
                 continue
             longest = BUDGET_POLL_S if self.budget_waiting else IDLE_POLL_MAX_S
@@ -409,6 +485,8 @@ class Feeder:
                 idle_s = max(IDLE_POLL_S, min(longest, self.refill_s))
             else:
                 idle_s = min(longest, idle_s * 2)
+            if self.counting:  # a stopped dataset's source is counted a slice a round: the next comes soon
+                idle_s = IDLE_POLL_S
             # The run ends at the first round after the last commit: near the end, look as often as the
             # end may come (a second's wait there was most of a short run's cost against a plain client).
             time.sleep(min(idle_s, max(IDLE_POLL_S, self.expected_end_s() / 2)))
