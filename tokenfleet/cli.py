@@ -17,12 +17,14 @@ from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 
 from budget import DatasetSnapshot, Ledger, LedgerError, UnknownDataset
-from budget.urls import redis_url_from_env
+from budget.urls import REDIS_URL_ENV, redis_url_from_env
 from producer.source import SourceError
 from tokenfleet import __version__
 from tokenfleet.config import ConfigError, load_config, redact_url
+from tokenfleet.config.models import check_redis_url
 from tokenfleet.entry import EXIT_INTERRUPTED
 from tokenfleet.export import EXPORT_FORMATS, ExportReport
+from tokenfleet.processes import KeptProcesses
 from tokenfleet.status_view import fleet_view, snapshot_json, status_table, workers_json
 from workers.settings import DEFAULT_CONCURRENCY
 
@@ -35,9 +37,15 @@ EXIT_UNSETTLED = 3
 
 
 def _redis_url(args: argparse.Namespace) -> str:
-    if getattr(args, "redis_url", None):
-        return str(args.redis_url)
-    return redis_url_from_env()
+    """The ledger's Redis URL: ``--redis-url``, else ``$TOKENFLEET_REDIS_URL``, else the default. It is
+    checked as the config checks its ``redis_url``: a malformed one is a ``ConfigError`` naming where it
+    came from, not redis-py's ``ValueError`` (nor a worker retrying Celery's default broker)."""
+    option = getattr(args, "redis_url", None)
+    url, where = (str(option), "--redis-url") if option else (redis_url_from_env(), REDIS_URL_ENV)
+    try:
+        return check_redis_url(url)
+    except ValueError as e:
+        raise ConfigError(str(e), file=where) from None
 
 
 def _ledger(args: argparse.Namespace) -> Ledger:
@@ -48,7 +56,7 @@ def _ledger(args: argparse.Namespace) -> Ledger:
 
 def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     from producer.feeder import Unsettled
-    from tokenfleet.submit import run_submit
+    from tokenfleet.submit import run_submit, settled_warnings
 
     cfg = load_config(args.config)
     try:
@@ -70,6 +78,8 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         sys.stderr.write("nothing is lost: run the same command again to resume\n")
         return EXIT_INTERRUPTED if e.reason == "interrupted" else EXIT_UNSETTLED
     console.print(status_table(snaps, title="settled"))
+    for line in settled_warnings(snaps, cfg.output_dir):
+        _warn(line)
     return EXIT_OK
 
 
@@ -154,11 +164,13 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from tokenfleet.export import ExportError, export_dataset
+    from tokenfleet.export import ExportError, export_dataset, unsettled_warning
 
+    ledger = _ledger(args)
+    before = ledger.snapshot(args.name)  # read first: what is committed after it may be missing
     try:
         report = export_dataset(
-            _ledger(args),
+            ledger,
             args.name,
             Path(args.output),
             args.output_dir,
@@ -168,6 +180,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     except ExportError as e:
         _error(e)
         return EXIT_USAGE
+    if warning := unsettled_warning(before, report.committed):
+        _warn(warning)
     thinking = f", {report.reasoning_tokens:,} of them reasoning" if report.reasoning_tokens else ""
     console.print(
         f"exported {report.records:,} records ({report.tokens:,} completion tokens{thinking}) of {args.name} "
@@ -273,9 +287,15 @@ def cmd_reconcile(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_budget(args: argparse.Namespace, console: Console) -> int:
-    ledger = _ledger(args)
-    max_samples = "-" if args.max_samples is None else args.max_samples
-    state = ledger.set_limits(args.name, args.tokens, max_samples)
+    from tokenfleet.control import LimitError, checked_limit
+
+    try:  # before the ledger is opened: a limit refused changes nothing
+        tokens = checked_limit(args.tokens, "tokens")
+        max_samples = "-" if args.max_samples is None else checked_limit(args.max_samples, "--max-samples")
+    except LimitError as e:
+        _error(e)
+        return EXIT_USAGE
+    state = _ledger(args).set_limits(args.name, tokens, max_samples)
     console.print(f"{args.name}: {state}")
     return EXIT_OK
 
@@ -309,7 +329,7 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     name = args.name or f"tokenfleet-{os.getpid()}"
     processes = worker_processes(args.processes)
     threads = args.concurrency
-    children: list[subprocess.Popen[bytes]] = []
+    children: KeptProcesses | None = None
     if processes > 1:
         console.print(
             f"tokenfleet worker {name}: {processes} processes ({args.processes}: one per core, at most "
@@ -319,8 +339,12 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
         )
         base = [sys.executable, "-m", "tokenfleet.cli", "worker", "--processes=1"]
         base += [f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}"]
-        for i in range(1, processes):
-            children.append(subprocess.Popen([*base, f"--name={name}-{i}"], preexec_fn=_die_with_parent))
+        children = KeptProcesses(
+            [[*base, f"--name={name}-{i}"] for i in range(1, processes)],
+            lambda command: subprocess.Popen(command, preexec_fn=_die_with_parent),
+            lambda line: console.print(f"tokenfleet worker {name}: {line}"),
+        )
+        children.start()
     argv = [
         "worker",
         "--pool=threads",
@@ -335,10 +359,8 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     try:
         app.worker_main(argv=argv)
     finally:
-        for child in children:  # a warm shutdown of each: its generations finish and commit
-            child.send_signal(signal.SIGTERM)
-        for child in children:
-            child.wait()
+        if children is not None:  # a warm shutdown of each: its generations finish and commit
+            children.stop(signal.SIGTERM)
     return EXIT_OK
 
 
@@ -495,6 +517,12 @@ def _error(message: object) -> None:
     sys.stderr.flush()
 
 
+def _warn(message: object) -> None:
+    """One plain line on stderr that does not stop the command (as ``_error``)."""
+    sys.stderr.write(f"warning: {message}\n")
+    sys.stderr.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from producer.feeder import Unsettled
     from tokenfleet.submit import SubmitError
@@ -508,6 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Without a terminal (logs, CI, pipes) keep tables wide enough to read instead of 80 columns.
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     try:
+        if hasattr(args, "redis_url"):  # checked before any command runs: worker and demo hand it on unread
+            _redis_url(args)
         return int(args.func(args, console))
     except (ConfigError, SourceError, LedgerError, SubmitError) as e:
         _error(e)

@@ -8,8 +8,30 @@ process, each of which aborts its own in-flight requests of the dataset by their
 
 from __future__ import annotations
 
+from typing import Final
+
+from pydantic import TypeAdapter, ValidationError
+
 from budget import Ledger
+from tokenfleet.config.models import PositiveInt
 from workers.messages import QUEUE_NAME
+
+#: A limit set live obeys the rule of ``token_budget`` and ``max_samples`` in a config (``PositiveInt``).
+_LIMIT: Final = TypeAdapter(PositiveInt)
+
+
+class LimitError(ValueError):
+    """A limit a config would refuse, given live (one user-facing line)."""
+
+
+def checked_limit(value: int, what: str) -> int:
+    """``value`` as a token budget or sample cap (``what`` names the argument), or ``LimitError`` with the
+    config's own wording: ``tokens: input should be greater than or equal to 1 (got -5)``."""
+    try:
+        return _LIMIT.validate_python(value)
+    except ValidationError as e:
+        message = str(e.errors()[0]["msg"])
+        raise LimitError(f"{what}: {message[:1].lower()}{message[1:]} (got {value})") from None
 
 
 def pause(ledger: Ledger, name: str) -> tuple[str, int]:

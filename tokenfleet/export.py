@@ -40,10 +40,11 @@ from typing import Any, Final, Literal, get_args
 
 import orjson
 
-from budget import Ledger
+from budget import DatasetSnapshot, DatasetState, Ledger
 from chat.templates import ChatError, ChatTokenizer, load_chat_tokenizer
 from tokenfleet.exports.retokenize import ChatRenderer, Mismatch, check_row, replies_of
 from tokenfleet.exports.token_rows import loss_mask, specforge_tokens_row, speculators_rows
+from tokenfleet.status_view import unfed
 from workers.sink import PART_GLOB
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "iter_part_records",
     "loss_mask",
     "reply_conversation",
+    "unsettled_warning",
 ]
 
 ExportFormat = Literal["tokens", "specforge-tokens", "speculators", "specforge", "sharegpt"]
@@ -111,6 +113,8 @@ class ExportReport:
     no_system_turn: int = 0
     #: Of ``tokens``, those the model spent thinking (the records' ``reasoning_tokens``).
     reasoning_tokens: int = 0
+    #: Samples the ledger counted as committed when the export read it: what the export is made of.
+    committed: int = 0
 
 
 def iter_part_records(dataset_dir: Path) -> Iterator[dict[str, Any] | None]:
@@ -215,6 +219,7 @@ def export_dataset(
     root = output_dir if output_dir is not None else Path(spec["output_dir"])
     chat = _chat(name, spec.get("tokenizer")) if format in TEXT_FORMATS else None
     wanted = ledger.done_attempts(name)
+    committed = len(wanted)
     c = _Counts()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -259,6 +264,32 @@ def export_dataset(
         mismatch_path=mismatch_path,
         no_system_turn=c.no_system_turn,
         reasoning_tokens=c.reasoning_tokens,
+        committed=committed,
+    )
+
+
+def unsettled_warning(s: DatasetSnapshot, committed: int) -> str | None:
+    """One line when ``s`` (read before the export) is not settled: samples may still be committed after
+    the export read the ledger, which holds the ``committed`` ones only. None once it is settled."""
+    if s.settled:
+        return None
+    if s.state == DatasetState.ACTIVE:
+        doing = "is still running"
+    elif s.state == DatasetState.PAUSED:
+        doing = "is paused"
+    else:  # exhausted or revoked, with generations still queued or running
+        doing = f"is {s.state} and still finishing"
+    left = [f"{s.queued:,} queued", f"{s.inflight:,} in flight"]
+    if s.pending:
+        left.append(f"{s.pending:,} to feed again")
+    if s.state in (DatasetState.ACTIVE, DatasetState.PAUSED):  # its source is fed on (after a resume)
+        unsent = unfed(s)
+        if unsent is None:
+            left.append("its source not all read yet")
+        elif unsent:
+            left.append(f"{unsent:,} not sent yet")
+    return (
+        f"{s.name} {doing} ({', '.join(left)}): this export holds the {committed:,} samples committed so far"
     )
 
 

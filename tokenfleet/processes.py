@@ -12,8 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -24,6 +25,13 @@ import redis
 START_TIMEOUT_S: Final = 30.0
 #: Free ports an embedded Redis tries before it gives up.
 PORT_TRIES: Final = 3
+
+
+#: A kept process that died is started again after this long, doubled (up to RESTART_MAX_S) each time it
+#: dies within HEALTHY_RUN_S of its start: a process that cannot start does not spin.
+RESTART_MIN_S: Final = 1.0
+RESTART_MAX_S: Final = 60.0
+HEALTHY_RUN_S: Final = 60.0
 
 
 class RedisStartError(RuntimeError):
@@ -181,3 +189,80 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+class KeptProcesses:
+    """Processes that are started again when one dies, until ``stop``: ``tokenfleet worker`` keeps as many
+    processes as it said it runs (a process killed by the kernel's OOM killer or by hand no longer halves
+    the worker for the rest of a job; its samples come back through their leases meanwhile). Each death
+    and restart is told to ``say``."""
+
+    def __init__(
+        self,
+        commands: Sequence[Sequence[str]],
+        start: Callable[[Sequence[str]], subprocess.Popen[bytes]],
+        say: Callable[[str], None],
+        poll_s: float = 0.5,
+    ) -> None:
+        self._commands = [list(c) for c in commands]
+        self._start, self._say, self._poll_s = start, say, poll_s
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._started_at: list[float] = []
+        self._delay = [RESTART_MIN_S] * len(self._commands)
+        self._due: list[float | None] = [None] * len(self._commands)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name="tokenfleet-kept-processes", daemon=True)
+        #: How many times each process was started again (for tests and the log).
+        self.restarts = [0] * len(self._commands)
+
+    def start(self) -> None:
+        with self._lock:
+            for command in self._commands:
+                self._procs.append(self._start(command))
+                self._started_at.append(time.monotonic())
+        self._thread.start()
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [p.pid for p in self._procs]
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """No more restarts; ``sig`` to each (SIGTERM: Celery's warm shutdown), then wait for each."""
+        self._stopping.set()
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+        for proc in procs:
+            proc.wait()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self._poll_s):
+            now = time.monotonic()
+            with self._lock:
+                for i, proc in enumerate(self._procs):
+                    self._keep(i, proc, now)
+
+    def _keep(self, i: int, proc: subprocess.Popen[bytes], now: float) -> None:
+        code = proc.poll()
+        if code is None or self._stopping.is_set():
+            return
+        due = self._due[i]
+        if due is None:
+            ran = now - self._started_at[i]
+            wait = RESTART_MIN_S if ran >= HEALTHY_RUN_S else self._delay[i]
+            self._delay[i] = min(RESTART_MAX_S, wait * 2)  # the next, should it die again soon
+            self._due[i] = now + wait
+            self._say(
+                f"process {proc.pid} ({self._commands[i][-1]}) ended with code {code} after {ran:.0f} s: "
+                f"starting it again in {wait:.0f} s"
+            )
+            return
+        if now >= due:
+            self._procs[i] = self._start(self._commands[i])
+            self._started_at[i], self._due[i] = now, None
+            self.restarts[i] += 1

@@ -10,7 +10,7 @@ from typing import Any, Final
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from budget import DatasetSnapshot
+from budget import DatasetSnapshot, DatasetState
 from budget.server_board import ServerStatus
 from tokenfleet.config import redact_url
 from tokenfleet.status_grid import NOTHING, Cell, Column, Grid
@@ -46,7 +46,8 @@ def unfed(s: DatasetSnapshot) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class Projection:
-    """Where a dataset is heading, from its counters and its recent rates."""
+    """Where a dataset is heading, from its counters and its recent rates. A paused or revoked one
+    (``halted``) is heading nowhere until resumed: its times are None (0 where nothing is left to do)."""
 
     #: Seconds until the token budget is reached at the current rate (None: no budget, or no rate yet).
     eta_budget_s: float | None
@@ -125,15 +126,23 @@ def final_tokens(s: DatasetSnapshot) -> int | None:
     return None if final is None else max(final, s.tokens)
 
 
+def halted(s: DatasetSnapshot) -> bool:
+    """Paused or revoked: it makes no progress until an operator resumes it, whatever rate its last
+    30 seconds show, so no time is projected for it (its ETA and time left are None)."""
+    return s.state in (DatasetState.PAUSED, DatasetState.REVOKED)
+
+
 def project(s: DatasetSnapshot) -> Projection:
     spent = s.tokens + s.discarded_tokens
     mean = s.tokens / s.samples if s.samples else 0.0
+    # The rates every time below is projected at: none while halted.
+    tokens_per_s, samples_per_s = (0.0, 0.0) if halted(s) else (s.tokens_per_s, s.samples_per_s)
     eta_budget = eta_source = None
-    if s.token_budget is not None and s.tokens_per_s > 0:
-        eta_budget = max(0.0, s.token_budget - spent - s.live_tokens) / s.tokens_per_s + tail_s(s)
+    if s.token_budget is not None and tokens_per_s > 0:
+        eta_budget = max(0.0, s.token_budget - spent - s.live_tokens) / tokens_per_s + tail_s(s)
     left = unfed(s)
-    if left is not None and s.samples_per_s > 0:
-        eta_source = (left + s.pending + s.queued + s.inflight) / s.samples_per_s
+    if left is not None and samples_per_s > 0:
+        eta_source = (left + s.pending + s.queued + s.inflight) / samples_per_s
     overshoot = waste = None
     if s.token_budget is not None:
         if s.state == "exhausted":
@@ -155,8 +164,8 @@ def project(s: DatasetSnapshot) -> Projection:
         remaining = max(0, final - s.tokens - s.live_tokens)
         if remaining == 0:
             remaining_s = 0.0
-        elif s.tokens_per_s > 0:
-            remaining_s = remaining / s.tokens_per_s
+        elif tokens_per_s > 0:
+            remaining_s = remaining / tokens_per_s
     return Projection(
         eta_budget, eta_source, eta, overshoot, waste, final, remaining, remaining_s, budget_regime(s)
     )

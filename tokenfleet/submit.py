@@ -11,13 +11,14 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.markup import escape
 
-from budget import DatasetLimits, DatasetSnapshot, Ledger, LedgerError
+from budget import DatasetLimits, DatasetSnapshot, DatasetState, Ledger, LedgerError
 from budget.server_board import ServerLedger
 from budget.spec import DatasetSpec
 from budget.storage import (
@@ -567,6 +568,22 @@ def run_submit(
     if not all(s.settled for s in snaps):  # the ledger has the last word, never the feeder's guess
         raise Unsettled("the feeder stopped before the ledger settled", snaps)
     return snaps
+
+
+def settled_warnings(snaps: Sequence[DatasetSnapshot], output_dir: Path) -> list[str]:
+    """What a settled run left out, one line per dataset and kind. Exit 0 says every sample has an end;
+    these say which ends were not a record (failed samples, rejected source lines, nothing generated),
+    so that a run that produced nothing does not pass for a good one."""
+    out = []
+    for s in snaps:
+        if s.failed:
+            out.append(f"{s.name}: {s.failed:,} sample(s) failed; `tokenfleet status {s.name}` says why")
+        if s.rejected:
+            where = output_dir / s.name / "rejected.jsonl"
+            out.append(f"{s.name}: {s.rejected:,} source line(s) rejected, each with its reason in {where}")
+        if not s.samples and s.state != DatasetState.REVOKED:
+            out.append(f"{s.name}: no sample was generated")
+    return out
 
 
 def closing_warnings(warnings: Sequence[str], feeds: Sequence[DatasetFeed]) -> list[str]:

@@ -1,6 +1,7 @@
 """The export formats a trainer loads: exact-id rows (SpecForge pre-tokenized, vllm speculators), the tokens
 export without a field pair a trainer misreads, and the count of text replies that do not re-tokenize to
-their ids (pure logic; SpecForge itself loads them in ``tests/conformance/test_trainers.py``)."""
+their ids (pure logic; SpecForge itself loads them in ``tests/conformance/test_trainers.py``); and the warning
+that an export of a dataset still running holds only what is committed so far."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
+from budget import DatasetState
 from tests.support.exports import stub_ledger, write_part
+from tests.support.snapshots import snapshot_of
 from tests.support.tokenizer import make_chat_tokenizer
-from tokenfleet.export import export_dataset, with_system_turn
+from tokenfleet.export import export_dataset, unsettled_warning, with_system_turn
 from tokenfleet.exports.retokenize import Mismatch, Reply, check_row, content_ids, replies_of
 from tokenfleet.exports.token_rows import specforge_tokens_row, speculators_rows
 
@@ -232,3 +236,51 @@ def test_a_text_export_counts_the_replies_that_do_not_re_tokenize_and_says_where
     assert read_rows(report.mismatch_path) == [{"id": "lost", "reply": 1, "where": "reply", "token": 1}]
     assert all(r["conversations"][0] == system for r in read_rows(tmp_path / "sf.jsonl"))
     assert report.no_system_turn == 0
+
+
+def test_an_export_of_a_dataset_still_running_warns_that_it_holds_what_is_committed_so_far() -> None:
+    running = snapshot_of("B2", samples=1200, queued=40, inflight=8, pending=3)
+
+    assert unsettled_warning(running, 1200) == (
+        "B2 is still running (40 queued, 8 in flight, 3 to feed again, its source not all read yet): "
+        "this export holds the 1,200 samples committed so far"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "doing"),
+    [
+        ({"state": DatasetState.PAUSED}, "B2 is paused (0 queued, 0 in flight, 5 not sent yet)"),
+        ({"state": DatasetState.EXHAUSTED, "inflight": 2}, "B2 is exhausted and still finishing (0 queued"),
+    ],
+)
+def test_an_export_of_a_paused_or_still_finishing_dataset_warns_too(
+    changes: dict[str, Any], doing: str
+) -> None:
+    s = snapshot_of("B2", samples=95, source_total=100, source_done=True, **changes)
+
+    warning = unsettled_warning(s, 95)
+
+    assert warning is not None and warning.startswith(doing), warning
+
+
+def test_an_export_of_a_settled_dataset_has_no_warning() -> None:
+    done = snapshot_of("B2", samples=100, source_total=100, source_done=True)
+    stopped = snapshot_of("B2", samples=40, state=DatasetState.REVOKED, pending=60)
+    assert done.settled and stopped.settled
+
+    assert unsettled_warning(done, 100) is None
+    assert unsettled_warning(stopped, 40) is None
+
+
+def test_the_export_report_counts_the_samples_committed_when_it_read_the_ledger(tmp_path: Path) -> None:
+    records = [
+        {"id": str(i), "attempt": "a", "completion_tokens": 1, "input_ids": [1], "output_ids": [2]}
+        for i in range(3)
+    ]
+    write_part(tmp_path / "out" / "ds", records)
+    ledger = stub_ledger({"output_dir": str(tmp_path / "out")}, {str(r["id"]): "a" for r in records})
+
+    report = export_dataset(ledger, "ds", tmp_path / "tok.jsonl", format="specforge")
+
+    assert (report.committed, report.records) == (3, 0)  # no conversation to write: none in this format

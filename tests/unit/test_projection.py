@@ -5,6 +5,7 @@ current token rate; and the figures ``status --json`` adds for them."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,9 @@ import pytest
 from budget import DatasetSnapshot, DatasetState
 from budget.lengths import bucket_of
 from tests.support.snapshots import snapshot_of
-from tokenfleet.status_view import expected_samples, project, snapshot_json
+from tests.support.status import render
+from tokenfleet.status_detail import dataset_detail
+from tokenfleet.status_view import expected_samples, project, snapshot_json, status_table
 
 
 def snap(**changes: Any) -> DatasetSnapshot:
@@ -139,3 +142,34 @@ def test_the_eta_of_a_budget_that_keeps_whole_answers_adds_the_longest_answers_t
     assert p95 is not None and p95 >= 400
     # the answers of p95 length still to finish, at one stream's speed, after the rate's own estimate
     assert discard.eta_budget_s == pytest.approx((20_000 - 7600) / 1000.0 + (p95 - 76) / 100.0)
+
+
+@pytest.mark.parametrize("state", [DatasetState.PAUSED, DatasetState.REVOKED])
+def test_a_paused_or_revoked_dataset_has_no_eta_whatever_rate_its_last_seconds_show(state: str) -> None:
+    # it was generating a moment ago (a rate over the last 30 s), and still has samples queued or in flight
+    moving = snap(tokens=1000, samples=25, token_budget=100_000, source_total=1000, source_done=True)
+    moving = dataclasses.replace(moving, tokens_per_s=167.0, samples_per_s=4.0)
+    halted = dataclasses.replace(moving, state=state)
+    assert project(moving).eta_s is not None and not halted.settled
+
+    p, out = project(halted), snapshot_json(halted)
+
+    assert (p.eta_budget_s, p.eta_source_s, p.eta_s) == (None, None, None)
+    assert (out["eta_budget_s"], out["eta_source_s"], out["eta_s"]) == (None, None, None)
+    # paused: tokens are left to generate, in no known time; revoked: nothing is left to generate
+    assert out["projected_remaining_s"] == (None if state == DatasetState.PAUSED else 0.0)
+
+
+def test_the_table_and_the_detail_of_a_paused_dataset_show_no_eta() -> None:
+    moving = snap(tokens=1000, samples=25, token_budget=100_000, source_total=1000, source_done=True)
+    moving = dataclasses.replace(moving, tokens_per_s=167.0, samples_per_s=4.0)
+    paused = dataclasses.replace(moving, state=DatasetState.PAUSED)
+    eta = re.compile(r"\b\d+m\d\ds\b")  # 9m53s: the time the rate would give
+    assert eta.search(render(status_table([moving]), 200))
+
+    table = render(status_table([paused]), 200)
+    detail = render(dataset_detail(paused, {}, {}, []), 120)
+
+    assert not eta.search(table), table
+    assert not eta.search(detail), detail
+    assert "ETA by" not in detail

@@ -20,9 +20,9 @@ from tokenfleet.config.models import (
     _INHERITED_KEYS,
     DatasetConfig,
     FleetConfig,
-    _check_redis_url,
     _check_unique_names,
     _ConfigFile,
+    check_redis_url,
 )
 from tokenfleet.config.toml_lines import _KeyLocator
 from tokenfleet.config.wording import _toml_syntax_error, _translate
@@ -108,7 +108,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     override = env.get(REDIS_URL_ENV, "").strip()
     if override:
         try:
-            redis_url = _check_redis_url(override)
+            redis_url = check_redis_url(override)
         except ValueError as exc:
             raise ConfigError(str(exc), file=REDIS_URL_ENV) from None
 

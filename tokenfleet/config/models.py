@@ -177,7 +177,7 @@ def _check_server_urls(urls: list[str]) -> list[str]:
     return normalized
 
 
-def _check_redis_url(url: str) -> str:
+def check_redis_url(url: str) -> str:
     scheme, sep, _rest = url.partition("://")
     if not sep or not scheme:
         raise ValueError(f"{_quote(url)} is not a URL like {DEFAULT_REDIS_URL}")
@@ -201,7 +201,7 @@ DatasetName = Annotated[str, Strict(), AfterValidator(_check_dataset_name)]
 PositiveInt = Annotated[int, Strict(), Field(ge=1, le=_INT64_MAX)]
 SamplingParams = Annotated[dict[str, Any], AfterValidator(_check_sampling)]
 ServerUrls = Annotated[list[str], Field(min_length=1), AfterValidator(_check_server_urls)]
-RedisUrl = Annotated[str, Strict(), AfterValidator(_check_redis_url)]
+RedisUrl = Annotated[str, Strict(), AfterValidator(check_redis_url)]
 Timeout = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
 NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 
