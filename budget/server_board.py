@@ -80,6 +80,9 @@ class ServerStatus:
     #: While it is down: since when (Redis time, ms).
     down_since_ms: int | None
     last_error: str
+    #: Seconds since it last answered a generation or a probe (None: never): "up" is only what the workers
+    #: last found, and with no worker using it that may be long ago.
+    last_ok_s_ago: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -238,9 +241,10 @@ class ServerLedger:
             k = server_keys(url)
             keys += [k.slots_zset, k.health_hash, k.rate_hash]
         out = []
-        for url, inflight, finished, flat in self._run("server_status", keys, [RATE_WINDOW_S, *urls]):
+        for url, inflight, finished, flat, now_ms in self._run("server_status", keys, [RATE_WINDOW_S, *urls]):
             f = dict(zip(flat[::2], flat[1::2], strict=True))
             up = f.get("state", "up") == "up"
+            last_ok = _int(f, "last_ok_ms")
             out.append(
                 ServerStatus(
                     url=str(url),
@@ -254,6 +258,7 @@ class ServerLedger:
                     downs=_int(f, "downs"),
                     down_since_ms=None if up else _int(f, "down_since_ms"),
                     last_error=f.get("last_error", ""),
+                    last_ok_s_ago=max(0.0, (int(now_ms) - last_ok) / 1000) if last_ok else None,
                 )
             )
         return out

@@ -18,6 +18,8 @@ from workers.heartbeat import HEARTBEAT_EVERY_S
 
 #: A worker that has not beaten for this long is flagged: it beats at least every HEARTBEAT_EVERY_S.
 SILENT_AFTER_S: Final = 2 * HEARTBEAT_EVERY_S + 1
+#: A server's "up" older than this, with nothing running there, is shown with its age.
+STALE_HEALTH_S: Final = 60.0
 
 #: The first fields of each dataset in ``status --json``, in order (the interface later checks drive).
 STATUS_FIELDS: Final = (
@@ -375,11 +377,21 @@ def workers_table(workers: Sequence[dict[str, Any]], my_version: str) -> Grid:
     )
 
 
+def server_health(s: ServerStatus) -> Text:
+    """ "up" or "down" as the workers last found it; an "up" that no generation has confirmed for
+    ``STALE_HEALTH_S`` while none runs there says how old it is (no worker may be looking any more)."""
+    if not s.up:
+        return Text("down", style="bold red")
+    if s.inflight == 0 and s.last_ok_s_ago is not None and s.last_ok_s_ago >= STALE_HEALTH_S:
+        return Text(f"up {duration(s.last_ok_s_ago)} ago", style="yellow")
+    return Text("up", style="green")
+
+
 def servers_table(servers: Sequence[ServerStatus]) -> Grid:
     """Each server's health, in-flight generations against its fleet-wide cap, and request rate."""
     rows: list[list[str | Text | Cell]] = []
     for s in servers:
-        health = Text("up", style="green") if s.up else Text("down", style="bold red")
+        health = server_health(s)
         cap = NONE if s.cap is None else f"{s.cap:,}"
         error = Text(s.last_error or NONE, style="red" if not s.up else "dim")
         rows.append(

@@ -2,7 +2,8 @@
 -- KEYS: for each server i: slots_i, health_i, rate_i
 -- ARGV: rate_window_s, then url_i for each server i
 -- Returns one entry per server: {url, inflight, finished in the last rate_window_s seconds (the current
--- one included), health hash as field/value pairs}. Expired slots (a dead holder's) are not counted.
+-- one included), health hash as field/value pairs, now (Redis time, ms: the health's times are on the same
+-- clock)}. Expired slots (a dead holder's) are not counted.
 local window = tonumber(ARGV[1])
 local now = now_ms()
 local second = math.floor(now / 1000)
@@ -16,6 +17,7 @@ for i = 1, #KEYS / 3 do
       finished = finished + (tonumber(redis.call('HGET', rate, 'n' .. b)) or 0)
     end
   end
-  out[i] = {ARGV[i + 1], redis.call('ZCOUNT', slots, '(' .. now, '+inf'), finished, redis.call('HGETALL', health)}
+  out[i] = {ARGV[i + 1], redis.call('ZCOUNT', slots, '(' .. now, '+inf'), finished, redis.call('HGETALL', health),
+    now}
 end
 return out

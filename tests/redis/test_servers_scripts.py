@@ -296,3 +296,13 @@ def test_forget_removes_every_key_of_a_server(board: ServerLedger) -> None:
     k = server_keys(A)
     assert board.client.exists(k.slots_zset, k.health_hash, k.rate_hash, k.probe_str) == 0
     assert board.known() == []
+
+
+def test_status_says_how_long_ago_a_server_last_answered(board: ServerLedger) -> None:
+    assert board.status([A])[0].last_ok_s_ago is None  # never answered
+    now = redis_ms(board.client)
+    ok(board, A, at_ms=now - 90_000)
+
+    (status,) = board.status([A])
+
+    assert status.up and 89 <= (status.last_ok_s_ago or 0) <= 95
