@@ -255,6 +255,9 @@ class DatasetSnapshot:
     #: are (counted in ``inflight`` too: their leases stay), and the bytes they take there.
     held: int = 0
     held_bytes: int = 0
+    #: Seconds since a producer (``tokenfleet submit``) last said it feeds the dataset (``Ledger.fed``);
+    #: None if none ever did.
+    fed_s_ago: float | None = None
 
     @property
     def answer_tokens(self) -> int:
@@ -798,7 +801,13 @@ class Ledger:
             lengths=parse_histogram(f.get("lengths")),
             held=n("held"),
             held_bytes=n("held_bytes"),
+            fed_s_ago=max(0.0, (n("now_ms") - n("fed_at_ms")) / 1000) if f.get("fed_at_ms") else None,
         )
+
+    @_translate_errors
+    def fed(self, name: str) -> bool:
+        """A producer feeding ``name`` says so (``budget/lua/fed.lua``); False if the dataset is unknown."""
+        return bool(self._call("fed", name, []))
 
     @_translate_errors
     def done_attempts(self, name: str) -> dict[str, str]:

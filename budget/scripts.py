@@ -52,6 +52,7 @@ SCRIPT_KEYS: Final[Mapping[str, tuple[str, ...] | None]] = {
     ),
     "progress": ("ledger", "leases", "owners"),
     "stop_check": ("ledger",),
+    "fed": ("ledger",),
     "output_problem": ("ledger",),
     "renew": ("ledger", "leases", "owners", "live", "rate_tokens"),
     "commit": (

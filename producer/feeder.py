@@ -61,6 +61,10 @@ BUDGET_POLL_S: Final = 0.25
 #: (counting, not feeding): the datasets still fed wait no longer than this for it.
 COUNT_SLICE_S: Final = 0.05
 
+#: A producer says it feeds each of its datasets this often (``Ledger.fed``: status tells a dataset left
+#: with no producer).
+FED_EVERY_S: Final = 1.0
+
 #: Reclaim expired leases and audit queued samples this often.
 AUDIT_EVERY_S: Final = 5.0
 #: Wait between tries while Redis or the broker does not answer.
@@ -274,6 +278,8 @@ class Feeder:
         #: Whether the last round left the source of a stopped dataset partly counted (the next round
         #: comes soon, to go on).
         self.counting = False
+        #: When this producer last told the ledger it feeds its datasets (monotonic).
+        self.fed_at = -math.inf
 
     def snapshots(self) -> list[DatasetSnapshot]:
         return [self.ledger.snapshot(f.name) for f in self.feeds]
@@ -307,6 +313,10 @@ class Feeder:
         self.last_snapshots = []
         self.refill_s = math.inf
         stopped: list[DatasetFeed] = []
+        if time.monotonic() - self.fed_at >= FED_EVERY_S:
+            self.fed_at = time.monotonic()
+            for feed in self.feeds:
+                self.ledger.fed(feed.name)
         for feed in self.feeds:
             snap = self.ledger.snapshot(feed.name)
             self.last_snapshots.append(snap)

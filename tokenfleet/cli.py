@@ -252,10 +252,24 @@ def _print_text_losses(report: ExportReport, console: Console) -> None:
 def cmd_control(args: argparse.Namespace, console: Console) -> int:
     from tokenfleet.control import ACTIONS
 
-    state, purged = ACTIONS[args.command](_ledger(args), args.name)
+    ledger = _ledger(args)
+    state, purged = ACTIONS[args.command](ledger, args.name)
     dropped = f"; {purged:,} queued task(s) dropped" if purged else ""
     console.print(f"{args.name}: {state}{dropped}")
+    _say_if_nothing_feeds(ledger, args.name)
     return EXIT_OK
+
+
+def _say_if_nothing_feeds(ledger: Ledger, name: str) -> None:
+    """After a resume or a raised limit: where no producer feeds the dataset, say that its samples wait for
+    the next submit (the command changed the ledger; it feeds nothing itself)."""
+    from tokenfleet.status_view import nothing_feeds
+
+    if nothing_feeds(ledger.snapshot(name)):
+        _warn(
+            f"no submit is feeding {name} now: its samples wait for `tokenfleet submit CONFIG` "
+            "(or `docker compose up producer`)"
+        )
 
 
 def cmd_reconcile(args: argparse.Namespace, console: Console) -> int:
@@ -295,8 +309,10 @@ def cmd_budget(args: argparse.Namespace, console: Console) -> int:
     except LimitError as e:
         _error(e)
         return EXIT_USAGE
-    state = _ledger(args).set_limits(args.name, tokens, max_samples)
+    ledger = _ledger(args)
+    state = ledger.set_limits(args.name, tokens, max_samples)
     console.print(f"{args.name}: {state}")
+    _say_if_nothing_feeds(ledger, args.name)
     return EXIT_OK
 
 

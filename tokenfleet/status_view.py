@@ -20,6 +20,8 @@ from workers.heartbeat import HEARTBEAT_EVERY_S
 SILENT_AFTER_S: Final = 2 * HEARTBEAT_EVERY_S + 1
 #: A server's "up" older than this, with nothing running there, is shown with its age.
 STALE_HEALTH_S: Final = 60.0
+#: A dataset no producer has said it feeds for this long is fed by none (producers say so every second).
+FED_STALE_S: Final = 10.0
 
 #: The first fields of each dataset in ``status --json``, in order (the interface later checks drive).
 STATUS_FIELDS: Final = (
@@ -198,6 +200,8 @@ def snapshot_json(s: DatasetSnapshot) -> dict[str, Any]:
         "source_total": s.source_total if s.source_done else None,
         "unfed": unfed(s),
         "settled": s.settled,
+        "fed_s_ago": _round(s.fed_s_ago),
+        "nothing_feeds": nothing_feeds(s),
         "tokens_per_s": round(s.tokens_per_s, 1),
         "samples_per_s": round(s.samples_per_s, 2),
         "eta_budget_s": _round(p.eta_budget_s),
@@ -286,8 +290,20 @@ def eta_text(s: DatasetSnapshot, p: Projection) -> Text:
     return Text(duration(p.eta_s), style="" if p.eta_s is not None else "dim")
 
 
+def nothing_feeds(s: DatasetSnapshot) -> bool:
+    """Whether ``s`` is active with samples left to feed and no producer feeding it: submit stopped, or was
+    not run again after a resume or a raised limit. They wait, not lost, for the next ``tokenfleet
+    submit``; until then nothing else happens to them."""
+    if s.state != DatasetState.ACTIVE or s.queued:
+        return False
+    left = s.pending > 0 or not s.source_done or bool(unfed(s))
+    return left and (s.fed_s_ago is None or s.fed_s_ago > FED_STALE_S)
+
+
 def problems_text(s: DatasetSnapshot) -> Text:
     parts = []
+    if nothing_feeds(s):
+        parts.append(Text("no submit feeding it", style="bold yellow"))
     if s.output_error:
         parts.append(Text("output unwritable", style="bold red"))
     if s.failed:

@@ -32,6 +32,8 @@
 --   reclaimed         leases that expired (a worker died) and were taken back
 --   source_total      samples the producer found in the source (after a full pass)
 --   source_done       1 once the producer has read the whole source in this submit
+--   fed_at_ms         when a producer last said it feeds the dataset (fed.lua; Redis time): status
+--                     tells a dataset with samples left and nothing feeding it
 --   rejected          source lines rejected by the producer
 -- Times come from the Redis server's clock (TIME), so hosts' clocks never matter.
 local function now_ms()

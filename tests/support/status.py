@@ -61,6 +61,7 @@ def issue_datasets(ledger: Ledger) -> list[Shown]:
     ledger.fail(LONG_NAME, "f1", "f1-a", "server rejected the request: 400 prompt too long")
     lease(ledger, "running", "running-a", name=LONG_NAME)  # one in flight: not settled
     ledger.set_source(LONG_NAME, rejected=3)
+    ledger.fed(LONG_NAME)  # a submit feeds it
 
     return [
         Shown("B1_sharegpt", ("exhausted", "20,467 / 20,000", "102%", "97", "done")),

@@ -29,6 +29,9 @@ class LimitsLedger:
         self.changes.append((name, token_budget, max_samples))
         return "active"
 
+    def snapshot(self, name: str) -> DatasetSnapshot:  # a submit feeds it: nothing to warn about
+        return snapshot_of(name, fed_s_ago=0.5)
+
 
 @pytest.fixture
 def opened(monkeypatch: pytest.MonkeyPatch) -> list[LimitsLedger]:
