@@ -35,7 +35,8 @@ from workers.conversation import Conversation, ConversationGeneration, record_fi
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard, worst_record_bytes
 from workers.rids import new_rid
-from workers.server_picker import PROBE_TIMEOUT_S, ServerPicker, SlotWaitCancelled
+from workers.server_picker import PROBE_TIMEOUT_S, ServerPicker, SlotWaitCancelled, unreachable
+from workers.settings import server_wait_s_from_env
 from workers.sglang.auth import MissingKey, server_auth
 from workers.sglang.client import (
     Generation,
@@ -92,6 +93,9 @@ DEFAULT_MAX_NEW_TOKENS = 128
 #: pending.
 GRANT_WAIT_S = 0.02
 GRANT_WAIT_MAX_S = 2.0
+#: Why a sample is pending when its task gave it back because no server could be reached (refused
+#: connections, every server dead): no fault of the sample's, so no strike; fed again once one is back.
+SERVERS_DOWN = "servers_down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,7 @@ class SampleRunner:
         keeper: LeaseKeeper,
         lease_ms: int,
         sleep: Callable[[float], None] = time.sleep,
+        server_wait_s: float | None = None,
     ) -> None:
         self.ledger = ledger
         self.client = client
@@ -168,6 +173,8 @@ class SampleRunner:
         )
         self.pacer = StreamPacer()
         self.sleep = sleep
+        #: How long a generation waits while every server of its dataset is dead (``wait_reachable``).
+        self.server_wait_s = server_wait_s_from_env() if server_wait_s is None else server_wait_s
         #: Each dataset's spec as last admitted: what a sample may want to reserve before it is admitted.
         self._specs: dict[str, DatasetSpec] = {}
 
@@ -315,6 +322,8 @@ class SampleRunner:
         sampling = dict(spec.sampling)
         last_error: SGLangError | None = None
         last_server: str | None = None
+        # Whether a failure could be the sample's (not a server that could not be reached): a strike
+        blamed = False
         conversation = Conversation.of(a.sample, spec, a.dataset)  # several replies (regenerate = "all")
         # of the budget, in all: grows where the ledger grants more (truncate: first granted at send time)
         grant = max(0, a.cap)
@@ -361,6 +370,12 @@ class SampleRunner:
             # Tracked from before it waits for a server slot: a stop meanwhile means it is never sent.
             with self.inflight.track(a.dataset, new_rid(a.dataset), "") as request:
                 try:
+                    if not self.picker.wait_reachable(
+                        spec.servers, self.server_wait_s, cancelled=lambda: request.handle.requested
+                    ):
+                        cause = f": {last_error.message}" if last_error else ""
+                        down = f"every server down (refusing connections) for {self.server_wait_s:g} s{cause}"
+                        return self._give_up(a, down, blamed)
                     with self.picker.use(
                         spec.servers,
                         avoid=last_server,
@@ -440,7 +455,7 @@ class SampleRunner:
                             self.ledger.release(a.dataset, a.sid, a.attempt, "unauthorized", kept)
                             return Outcome("dropped", "unauthorized")
                         except ServerStalled as e:
-                            last_error, last_server = e, server
+                            last_error, last_server, blamed = e, server, True
                             if self.pacer.stalled(paced, live, spec.stall_timeout_s):
                                 last_error = PacedTooLong(
                                     f"{e.message}, while it answered other streams: "
@@ -452,6 +467,7 @@ class SampleRunner:
                             continue
                         except ServerUnavailable as e:
                             last_error, last_server = e, server
+                            blamed = blamed or not unreachable(e)
                             self.picker.failed(server, e)
                             log.warning("%s/%s attempt %d: %s", a.dataset, a.sid, try_no, e)
                             continue
@@ -473,7 +489,7 @@ class SampleRunner:
                 last_error = ServerUnavailable(
                     f"{redact_url(server)}: aborted by the server: {gen.finish_reason}"
                 )
-                last_server = server
+                last_server, blamed = server, True
                 self.picker.failed(server, last_error)
                 continue
             cut = self._cut_by_reservation(a, gen, grant)
@@ -483,7 +499,7 @@ class SampleRunner:
                 return self._stopped(a, gen, Progress.STOP, "")
             return self._record(a, gen, truncated=cut)
         reason = f"gave up after {spec.max_attempts} attempts: {last_error.message if last_error else '?'}"
-        return self._give_up(a, reason)
+        return self._give_up(a, reason, blamed)
 
     @staticmethod
     def _cap_at(sampling: dict[str, Any], conversation: Conversation | None, grant: int) -> None:
@@ -629,9 +645,14 @@ class SampleRunner:
             truncated=truncated,
         )
 
-    def _give_up(self, a: Attempt, reason: str) -> Outcome:
+    def _give_up(self, a: Attempt, reason: str, blamed: bool = True) -> Outcome:
         """The servers kept failing: the sample goes back to pending (fed again later), and fails for good
-        only after ``max_strikes`` tasks gave up on it."""
+        only after ``max_strikes`` tasks gave up on it. When no failure could be the sample's (``blamed``
+        False: every one a server that could not be reached, or every server dead), it goes back without a
+        strike (``SERVERS_DOWN``): a dead server is no fault of the sample's."""
+        if not blamed:
+            self.ledger.release(a.dataset, a.sid, a.attempt, SERVERS_DOWN)
+            return Outcome("dropped", f"{SERVERS_DOWN}: {reason}")
         given_up = self.ledger.give_up(a.dataset, a.sid, a.attempt, reason, 0, a.spec.max_strikes)
         if given_up is GiveUpOutcome.FAILED:
             self._write_failure(a, reason)

@@ -13,14 +13,20 @@ within milliseconds, before more generations are sent there and fail too; the re
 generation ended without such a call was answered (told only where it changes something: a server down
 or failing, at the thread's next generation, ordered by when it ended). ``DEFAULT_FAIL_THRESHOLD``
 failures in a row mark a server down: no generation goes there while another server is up (when none is,
-the down ones are still tried: a single server is never given up on). Every worker's picker probes the
-down servers' ``/health``, one probe per server and interval fleet-wide, and marks a server up again when
-it answers 200.
+the down ones are still tried: a single server is never given up on, though one found dead is waited
+for, below). Every worker's picker probes the down servers' ``/health``, one probe per server and interval
+fleet-wide, and marks a server up again when it answers 200.
+
+Dead servers. A server marked down that refused this process's connections (``unreachable``: nothing
+listens at its port, as while SGLang restarts) is dead here: while every server of a pick is, a generation
+waits for a probe to mark one up (``wait_reachable``) instead of sending requests that can only be refused,
+and its sample goes back to pending after a bounded wait.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -37,7 +43,7 @@ import httpx
 import redis
 
 from budget import LedgerError
-from budget.server_board import Acquired, ServerLedger, ServerOutcome
+from budget.server_board import Acquired, Health, ServerLedger, ServerOutcome
 from workers.batching import CallBatcher
 from workers.sglang.client import ServerBusy, ServerStalled
 from workers.sglang.protocol import HEALTH_PATH
@@ -78,6 +84,10 @@ FLUSH_EVERY_S: Final = 5.0
 #: A worker stops probing a server it has not picked among for this long (the config moved on).
 FORGET_AFTER_S: Final = 3600.0
 
+#: Errors of a connection that could not be made (besides a refusal and an unknown host): the request
+#: never reached the server.
+UNREACHABLE_ERRNOS: Final = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
+
 #: Probes a down server: (whether it is back, what was seen).
 Prober = Callable[[str], tuple[bool, str]]
 
@@ -102,6 +112,16 @@ class _Waiter:
 
 class SlotWaitCancelled(Exception):
     """The generation was stopped while it waited for a server slot: it never reached a server."""
+
+
+def unreachable(failure: BaseException) -> bool:
+    """Whether ``failure`` is a connection that could not be made (refused, no route to the host, an
+    unknown host): the request never reached a server, so it says nothing about what was asked. The client
+    raises its errors ``from None``; the socket's error is still their context."""
+    cause = failure.__context__
+    if isinstance(cause, ConnectionRefusedError | socket.gaierror):
+        return True
+    return isinstance(cause, OSError) and cause.errno in UNREACHABLE_ERRNOS
 
 
 def caps_for(servers: Sequence[str], caps: Caps) -> list[int | None]:
@@ -133,6 +153,9 @@ class ServerPicker:
         self._known: dict[str, float] = {}  # server -> when this process last picked among it (monotonic)
         self._dirty: set[str] = set()  # down, or failing in a row, at the last pick
         self._probing: set[str] = set()
+        # Marked down after refusing this process's connections, and not seen up since (``wait_reachable``)
+        self._dead: set[str] = set()
+        self._dead_changed = threading.Condition(self._lock)
         self._local = threading.local()  # .pending: (server, ended_ms) of this thread's last generation
         # Redis's clock minus this host's (ms), as last seen: ends of generations that make no Redis call
         # (a slot handed over) are told in Redis time, the clock their outcome reports are ordered by.
@@ -152,6 +175,24 @@ class ServerPicker:
     def held(self) -> int:
         """The server slots this process holds now (its generations running, and those handed one)."""
         return len(self._held)
+
+    def wait_reachable(
+        self, servers: Sequence[str], timeout_s: float, cancelled: Callable[[], bool] | None = None
+    ) -> bool:
+        """Wait while every one of ``servers`` is dead here (marked down after refusing this process's
+        connections): a generation sent there now would only be refused. True at once when one is not, or
+        once a probe or another worker's generation marks one up; False after ``timeout_s``.
+        ``cancelled``: raise ``SlotWaitCancelled`` once it says so (the dataset was stopped meanwhile)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while servers and self._dead.issuperset(servers):
+                if cancelled is not None and cancelled():
+                    raise SlotWaitCancelled()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._dead_changed.wait(min(left, CANCEL_CHECK_S))
+        return True
 
     @contextmanager
     def use(
@@ -375,7 +416,12 @@ class ServerPicker:
         # A stalled server (silent past the stall timeout) is suspect at once: a wedged engine would
         # otherwise take a slot per generation for minutes, three times over.
         threshold = 1 if isinstance(failure, ServerStalled) else None
-        self._report(server, ServerOutcome.FAIL, self._redis_now_ms(), str(failure), threshold)
+        health = self._report(server, ServerOutcome.FAIL, self._redis_now_ms(), str(failure), threshold)
+        if health is not None and not health.up and unreachable(failure):
+            with self._lock:
+                self._dead.add(server)
+        elif health is not None:  # it answered, or is not down: worth a try
+            self._mark_alive(server)
 
     def _settle_previous(self) -> None:
         """Report that this thread's previous generation was answered, where that changes something."""
@@ -395,7 +441,8 @@ class ServerPicker:
         at_ms: int = 0,
         message: str = "",
         fail_threshold: int | None = None,
-    ) -> None:
+    ) -> Health | None:
+        """Tell the server's health (None when Redis could not be told); one seen up is not dead here."""
         try:
             health = self.board.report(
                 server,
@@ -407,11 +454,31 @@ class ServerPicker:
             )
         except LedgerError as e:
             log.warning("could not report %s on %s: %s", outcome.value, server, e)
-            return
+            return None
+        if health.up:
+            self._mark_alive(server)
         if health.changed and not health.up:
             log.warning("server %s marked down after %d failures in a row: %s", server, health.fails, message)
         elif health.changed:
             log.warning("server %s is up again (%s)", server, outcome.value)
+        return health
+
+    def _mark_alive(self, server: str) -> None:
+        """``server`` is not dead here any more: the generations waiting for it go."""
+        with self._lock:
+            if server in self._dead:
+                self._dead.discard(server)
+                self._dead_changed.notify_all()
+
+    def _refresh_dead(self) -> None:
+        """The dead servers that were marked up (by a probe or a generation of another worker) are not
+        dead here any more: one script call, each tick while some server is dead here."""
+        with self._lock:
+            dead = sorted(self._dead)
+        if dead:
+            for status in self.board.status(dead):
+                if status.up:
+                    self._mark_alive(status.url)
 
     def _health_probe(self, server: str) -> tuple[bool, str]:
         try:
@@ -465,6 +532,7 @@ class ServerPicker:
                     self._start_probes()
                 elif self._dirty:
                     self._start_probes()
+                self._refresh_dead()
             except LedgerError as e:  # Redis away for a moment: try again next tick
                 log.warning("server slots: %s", e)
             except Exception:  # never let the renewals die: the slots would expire under running work

@@ -30,10 +30,20 @@ DEFAULT_HEARTBEAT_S: Final = HEARTBEAT_EVERY_S
 #: ``SPARE_FACTOR`` times the generations the servers run at once (``tokenfleet.publish``).
 DEFAULT_CONCURRENCY: Final = 32
 
+#: While every server of a dataset is down and refuses connections (SGLang restarting takes a minute or
+#: two to load a model), a generation waits this long for a probe to find one up before its sample goes
+#: back to pending, without a strike, to be fed again (``workers.server_picker``, dead servers).
+DEFAULT_SERVER_WAIT_S: Final = 60.0
+
 
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     return float(raw) if raw else default
+
+
+def server_wait_s_from_env() -> float:
+    """``TOKENFLEET_SERVER_WAIT_S``, or ``DEFAULT_SERVER_WAIT_S``."""
+    return _env_float("TOKENFLEET_SERVER_WAIT_S", DEFAULT_SERVER_WAIT_S)
 
 
 @dataclass(frozen=True, slots=True)
