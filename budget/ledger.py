@@ -569,6 +569,19 @@ class Ledger:
         return {str(k) for k in self.client.hkeys(dataset_keys(name).pending_hash)}
 
     @_translate_errors
+    def pending_reasons(self, name: str, most: int = 10_000) -> dict[str, int]:
+        """Why samples went back to pending, with how many each, over the first ``most`` of them (one
+        scan: ``tokenfleet status NAME`` shows it)."""
+        counts: dict[str, int] = {}
+        for seen, (_, reason) in enumerate(
+            self.client.hscan_iter(dataset_keys(name).pending_hash, count=1000)
+        ):
+            if seen >= most:
+                break
+            counts[str(reason)] = counts.get(str(reason), 0) + 1
+        return counts
+
+    @_translate_errors
     def is_done(self, name: str, sample_ids: Iterable[str]) -> list[bool]:
         k = dataset_keys(name)
         pipe = self.client.pipeline(transaction=False)

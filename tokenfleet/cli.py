@@ -117,12 +117,14 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             folder = dataset_dir(str(spec.get("output_dir") or ""), name)
         except ValueError:
             folder = None
+        snap = ledger.snapshot(name)
         return dataset_detail(
-            ledger.snapshot(name),
+            snap,
             spec,
             ledger.failures(name),
             servers.status(),
             last_failures(folder) if folder is not None else [],
+            ledger.pending_reasons(name) if snap.pending else None,
         )
 
     def view() -> RenderableType:

@@ -144,8 +144,10 @@ def dataset_detail(
     failures: Mapping[str, str],
     servers: Sequence[ServerStatus],
     last_errors: Sequence[dict[str, Any]] = (),
+    pending_reasons: Mapping[str, int] | None = None,
 ) -> RenderableType:
-    """Everything about one dataset: the fleet view's row, and what it has no room for."""
+    """Everything about one dataset: the fleet view's row, and what it has no room for; ``pending_reasons``:
+    why the samples to feed again went back (``Ledger.pending_reasons``)."""
     p = project(s)
     sampling = spec.get("sampling") or {}
     limits = [
@@ -192,6 +194,10 @@ def dataset_detail(
         ("failed", Text(exact(s.failed), style="red" if s.failed else "")),
         ("rejected (bad lines)", Text(exact(s.rejected), style="yellow" if s.rejected else "")),
         ("dropped, to feed again", Text(exact(s.pending))),
+        *(
+            (f"  {reason}", Text(exact(count)))
+            for reason, count in sorted((pending_reasons or {}).items(), key=lambda rc: (-rc[1], rc[0]))
+        ),
         ("queued", Text(exact(s.queued))),
         ("in flight", Text(exact(s.inflight))),
         ("reclaimed (expired)", Text(exact(s.reclaimed))),
@@ -200,7 +206,7 @@ def dataset_detail(
         ("committed", Text(exact(s.tokens))),
         ("in flight (live)", Text(exact(s.live_tokens))),
         ("discarded (policy)", Text(exact(s.discarded_tokens))),
-        ("wasted (failures)", Text(exact(s.wasted_tokens))),
+        ("wasted (generated, not kept)", Text(exact(s.wasted_tokens))),
         (
             "past the budget" if s.state == "exhausted" else "projected overshoot",
             Text(NONE if p.overshoot_tokens is None else exact(p.overshoot_tokens)),

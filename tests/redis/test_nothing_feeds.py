@@ -63,3 +63,17 @@ def test_resume_with_no_submit_running_warns_that_the_samples_wait_for_one(
     ledger.fed(DS)  # a producer is running: nothing to say
     assert main(["resume", DS, "--redis-url", redis_url]) == 0
     assert "no submit" not in capsys.readouterr().err
+
+
+def test_status_name_says_why_the_samples_to_feed_again_went_back(
+    ledger: Ledger, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make(ledger)
+    pending = dataset_keys(DS).pending_hash
+    ledger.client.hset(pending, mapping={"a": "servers_down", "b": "servers_down", "c": "paused"})
+    ledger.fed(DS)
+
+    assert ledger.pending_reasons(DS) == {"servers_down": 2, "paused": 1}
+    assert main(["status", DS, "--redis-url", redis_url]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["servers_down", "2"] in lines and ["paused", "1"] in lines
