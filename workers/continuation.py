@@ -16,8 +16,9 @@ greedy decoding: the conformance suite checks it on the real server). Where the 
 give, the answer ends at its grant: cut. The asks of a process's threads that come together share one
 ledger call per dataset.
 
-Only a sample whose prompt is exact token ids can be continued this way; a text prompt or a conversation
-(several replies, each templated) is cut at its grant.
+A sample whose prompt is exact token ids is continued with them; a text prompt with the ids the server's
+``/tokenize`` gives for it (``SampleRunner._prompt_ids``, checked against the prompt's length the first
+request reported). A conversation of several replies, each templated, is cut at its grant.
 """
 
 from __future__ import annotations

@@ -41,6 +41,14 @@ __all__ = ["Conversation", "ConversationError", "ConversationGeneration", "recor
 GenerateFn = Callable[..., Generation]
 
 
+def several_replies(sample: Mapping[str, Any]) -> bool:
+    """Whether ``sample`` is a conversation that generates more than one reply (``Conversation``)."""
+    conversation = sample.get("conversation")
+    if not conversation or sample.get("input_ids") is None:
+        return False
+    return count_replies(conversation) >= 2
+
+
 class ConversationError(ProtocolError):
     """This worker cannot continue the conversation (its tokenizer cannot be loaded): the sample fails."""
 
@@ -86,8 +94,7 @@ class Conversation:
     def of(cls, sample: Mapping[str, Any], spec: DatasetSpec, dataset: str) -> Conversation | None:
         """A conversation when the sample has more than one reply to generate; None otherwise (one reply is
         one ordinary generation of the sample's ``input_ids``)."""
-        conversation = sample.get("conversation")
-        if not conversation or sample.get("input_ids") is None or count_replies(conversation) < 2:
+        if not several_replies(sample):
             return None
         return cls(sample, spec, dataset)
 

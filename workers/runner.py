@@ -31,7 +31,7 @@ from workers.continuation import (
     request_rate,
     requests_taken,
 )
-from workers.conversation import Conversation, ConversationGeneration, record_fields
+from workers.conversation import Conversation, ConversationGeneration, record_fields, several_replies
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard, worst_record_bytes
 from workers.rids import new_rid
@@ -177,6 +177,9 @@ class SampleRunner:
         self.server_wait_s = server_wait_s_from_env() if server_wait_s is None else server_wait_s
         #: Each dataset's spec as last admitted: what a sample may want to reserve before it is admitted.
         self._specs: dict[str, DatasetSpec] = {}
+        #: Servers that could not tokenize a text prompt as their /generate did (no /tokenize: a router
+        #: that does not proxy it; or other ids): their text prompts are granted whole, not continued.
+        self._no_tokenize: set[str] = set()
 
     def _probe_generation(self, server: str) -> tuple[bool, str]:
         """Whether a down server generates again: one real one-token generation (not ``/health``, which a
@@ -383,7 +386,7 @@ class SampleRunner:
                         cancelled=lambda: request.handle.requested,
                     ) as server:
                         if a.cap == GRANT_AT_SEND and grant == 0:
-                            grant = self._start_grant(a, request.handle)
+                            grant = self._start_grant(a, request.handle, server)
                             if grant <= 0:
                                 return self._no_grant(a, grant)
                             self._cap_at(sampling, conversation, grant)
@@ -410,7 +413,8 @@ class SampleRunner:
                             )
                             rate = request_rate(gen, time.monotonic() - sent_at)
                             sent = int(params.get("max_new_tokens") or 0)
-                            continuable = conversation is None and can_continue(a.sample, False)
+                            continuable = conversation is None and self._continuable(a, server)
+                            prompt_ids: list[int] | None = None
                             while (
                                 continuable
                                 and 0 < grant < a.want
@@ -418,6 +422,11 @@ class SampleRunner:
                                 and ended_at_grant(gen, sent)
                             ):
                                 # the grant ended it, not the answer: go on where the budget gives more
+                                if prompt_ids is None:
+                                    prompt_ids = self._prompt_ids(a, server, gen)
+                                    if prompt_ids is None:  # a text prompt the server did not tokenize
+                                        stop = (Progress.STOP, "")
+                                        break
                                 after = self.grants.more(a.dataset, a.sid, a.attempt, a.want - grant, rate)
                                 if after <= 0:
                                     stop = (Progress.LOST, "")
@@ -431,7 +440,7 @@ class SampleRunner:
                                     server,
                                     rid=new_rid(a.dataset),
                                     sampling_params={**params, "max_new_tokens": sent},
-                                    input_ids=continued_prompt(a.sample["input_ids"], gen),
+                                    input_ids=continued_prompt(prompt_ids, gen),
                                     timeout_s=spec.timeout_s,
                                     on_tokens=hearing,
                                     stop=request.handle,
@@ -509,12 +518,43 @@ class SampleRunner:
         else:
             sampling["max_new_tokens"] = min(int(sampling.get("max_new_tokens") or grant), grant)
 
-    def _start_grant(self, a: Attempt, handle: Any) -> int:
+    def _continuable(self, a: Attempt, server: str) -> bool:
+        """Whether ``a``'s generation can go on past a grant on ``server``: a prompt of ids, or a text
+        prompt where the server tokenizes it for the continuation (``/tokenize``; a server that could not
+        is not asked again by this process). A conversation that regenerates several replies cannot (one
+        reply is one ordinary generation: ``Conversation.of``)."""
+        if several_replies(a.sample):
+            return False
+        if can_continue(a.sample, False):
+            return True
+        return isinstance(a.sample.get("text"), str) and server not in self._no_tokenize
+
+    def _prompt_ids(self, a: Attempt, server: str, gen: Generation) -> list[int] | None:
+        """The ids of ``a``'s prompt as ``server`` saw them: the sample's own, or its text tokenized by the
+        server (0.5.23, observed: /tokenize gives the ids /generate used), checked against the prompt's
+        length the server reported for it. None where that fails: the answer is cut at its grant."""
+        ids = a.sample.get("input_ids")
+        if ids:
+            return list(ids)
+        tokens = self.client.tokenize(server, str(a.sample.get("text") or ""))
+        if tokens is None or len(tokens) != gen.prompt_tokens:
+            self._no_tokenize.add(server)
+            got = "no /tokenize" if tokens is None else f"{len(tokens)} ids, not {gen.prompt_tokens}"
+            log.warning(
+                "%s: %s cannot tokenize text prompts for a continuation (%s): they are granted whole",
+                a.dataset,
+                redact_url(server),
+                got,
+            )
+            return None
+        return tokens
+
+    def _start_grant(self, a: Attempt, handle: Any, server: str) -> int:
         """The first grant of a truncate budget's generation that has its server slot (``Grants.start``),
         asked again while the budget is all granted to generations that give some back as they end."""
         deadline = time.monotonic() + GRANT_WAIT_MAX_S
         while True:
-            whole = not can_continue(a.sample, a.sample.get("conversation") is not None)
+            whole = not self._continuable(a, server)
             got = self.grants.start(a.dataset, a.sid, a.attempt, a.want, _slots_of(a.spec), whole)
             if got != GRANT_WAIT or handle.requested or time.monotonic() >= deadline:
                 return GRANT_NOT_NOW if got == GRANT_WAIT else got

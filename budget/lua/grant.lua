@@ -7,8 +7,9 @@
 --       ask: sid, attempt, kind, value, rate:
 --   start  (truncate) value: the most tokens its generation may produce: its first grant, now that it
 --          has a server slot
---   whole  the same, for a generation that cannot be continued past a grant (a text prompt, a
---          conversation): its whole want while that much is left; past that, as a start (cut there)
+--   whole  the same, for a generation that cannot be continued past a grant (a conversation of several
+--          replies; a text prompt on a server that cannot tokenize it): its whole want while that much
+--          is left; past that, as a start (cut there)
 --   more   value: the most tokens more it may still produce: it reached its grant and its answer may go on
 --   end    value: the tokens it produced in all: it ended before its grant, and the rest goes back now
 --          (before its slot goes to the next generation, which is granted from it)

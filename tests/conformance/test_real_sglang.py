@@ -27,6 +27,7 @@ from tests.conformance.real_server import MAX_RUNNING_REQUESTS, QUEUED_GAUGE, VO
 from tests.support.files import read_jsonl
 from tokenfleet.cli import main
 from workers.rids import dataset_tag
+from workers.sglang.client import SGLangClient
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(300)]
 
@@ -166,6 +167,33 @@ def test_a_greedy_answer_continued_in_capped_requests_is_the_answer_of_one_reque
     assert pieces == whole
     # the last two requests found at least the prompt and the first piece in the cache
     assert all(c >= len(prompt) for c in cached[1:]), cached
+
+
+def test_a_text_prompt_continued_with_the_ids_the_servers_tokenize_gives_is_the_answer_of_one_request(
+    live_server: RealServer,
+) -> None:
+    """A text prompt is continued past its grant as ids: the server's ``/tokenize`` of the text (what the
+    worker's client asks), checked against the prompt's length the first request reported, followed by
+    the answer so far. Greedy decoding makes that an equality with one uncapped request of the text."""
+    text = "The fleet sends every prompt to the server and keeps the exact tokens it returns."
+    greedy = {"temperature": 0.0, "ignore_eos": True}
+
+    def generate(body: dict[str, Any]) -> dict[str, Any]:
+        reply: dict[str, Any] = (
+            httpx.post(f"{live_server.url}/generate", json=body, timeout=60).raise_for_status().json()
+        )
+        return reply
+
+    whole = generate({"text": text, "sampling_params": {**greedy, "max_new_tokens": 64}})["output_ids"]
+    first = generate({"text": text, "sampling_params": {**greedy, "max_new_tokens": 23}})
+    with SGLangClient() as client:
+        ids = client.tokenize(live_server.url, text)
+
+    assert ids is not None and len(ids) == first["meta_info"]["prompt_tokens"]
+    rest = generate(
+        {"input_ids": [*ids, *first["output_ids"]], "sampling_params": {**greedy, "max_new_tokens": 41}}
+    )
+    assert [*first["output_ids"], *rest["output_ids"]] == whole
 
 
 def test_pause_sends_the_server_nothing_and_resume_exports_every_sample_once(

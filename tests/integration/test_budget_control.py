@@ -21,7 +21,7 @@ from tests.support.fleet import BackgroundSubmit, Sim, export, token_rows, wait_
 from tokenfleet import control
 from tokenfleet.cli import main
 from tokenfleet.publish import TaskPublisher
-from tokenfleet.sim.engine import SamplingSpec, plan_output
+from tokenfleet.sim.engine import SamplingSpec, plan_output, tokenize
 from workers.messages import QUEUE_NAME
 from workers.rids import dataset_tag
 
@@ -44,16 +44,21 @@ BUDGET_RUN_MAX_NEW = 512
 
 
 def budget_run(
-    policy: str, fleet_redis_url: str, fleet_ledger: Ledger, sim: Sim, tmp_path: Path, budget: int = 20_000
+    policy: str,
+    fleet_redis_url: str,
+    fleet_ledger: Ledger,
+    sim: Sim,
+    tmp_path: Path,
+    budget: int = 20_000,
+    rows: list[dict[str, Any]] | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
     name = unique(policy)
+    rows = token_rows(400, seed=5) if rows is None else rows
     config = write_config(
         tmp_path,
         redis_url=fleet_redis_url,
         servers=[sim.url],
-        datasets=[
-            {"name": name, "rows": token_rows(400, seed=5), "token_budget": budget, "on_budget": policy}
-        ],
+        datasets=[{"name": name, "rows": rows, "token_budget": budget, "on_budget": policy}],
         sampling={"max_new_tokens": BUDGET_RUN_MAX_NEW},
     )
     assert main(["submit", str(config), "--no-server-check", "--window", "32"]) == 0
@@ -127,6 +132,34 @@ def test_an_answer_continued_past_its_grants_is_the_answer_one_uncapped_request_
         if r["truncated"]:
             plan = plan_output(r["input_ids"], SamplingSpec(max_new_tokens=BUDGET_RUN_MAX_NEW), config)
             assert r["output_ids"] == list(plan.token_ids[: len(r["output_ids"])])
+
+
+def test_a_text_prompt_is_continued_past_its_grants_as_the_server_tokenized_it(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, slow_sim: Sim, tmp_path: Path
+) -> None:
+    # Text prompts, half the dataset, among prompts of ids: both are granted shares of what is left and
+    # continued (the text ones with the ids the server's /tokenize gives), so none takes the budget
+    # from the others and answers are cut only at its end.
+    rows = [
+        {"id": f"t{i}", "text": f"prompt number {i}: say something long"} if i % 2 else row
+        for i, row in enumerate(token_rows(400, seed=5))
+    ]
+    name, records = budget_run("truncate", fleet_redis_url, fleet_ledger, slow_sim, tmp_path, rows=rows)
+
+    snap = fleet_ledger.snapshot(name)
+    assert snap.tokens == generated_for(slow_sim, name) == 20_000  # the whole budget, exactly
+    config = slow_sim.server.config
+    texts = [r for r in records if r["input_ids"] is None]
+    continued = [r for r in texts if r["requests"] > 1]
+    assert texts and continued  # text answers went on past their grants
+    for r in [r for r in texts if not r["truncated"]]:
+        text = f"prompt number {r['id'][1:]}: say something long"
+        plan = plan_output(
+            tokenize(text, config.vocab_size), SamplingSpec(max_new_tokens=BUDGET_RUN_MAX_NEW), config
+        )
+        assert r["output_ids"] == list(plan.token_ids), r["id"]
+    # cut only at the budget's end: at most one answer per slot the server runs
+    assert sum(r["truncated"] for r in records) <= config.batch_size
 
 
 def test_drain_lets_in_flight_generations_finish_with_complete_answers(

@@ -65,6 +65,7 @@ from workers.sglang.protocol import (
     SGLANG_DEFAULT_MAX_NEW_TOKENS,
     SSE_DATA_PREFIX,
     SSE_DONE,
+    TOKENIZE_PATH,
     UNAUTHORIZED_BODY,
     context_length_error,
     context_overflow_error,
@@ -480,6 +481,22 @@ def _cut_connection(request: web.Request, response: web.StreamResponse) -> web.S
 # --- the other routes --------------------------------------------------------------------------------
 
 
+async def handle_tokenize(request: web.Request) -> web.Response:
+    """SGLang's ``/tokenize``: the ids ``/generate`` takes a ``text`` prompt as."""
+    config = request.app[ENGINE_KEY].config
+    try:
+        body = await read_json(request)
+    except BadRequest as exc:
+        return json_response(exc.body, status=400)
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    if not isinstance(prompt, str):
+        return json_response(schema_error("`prompt` must be a string").body, status=400)
+    tokens = tokenize(prompt, config.vocab_size)
+    return json_response(
+        {"tokens": tokens, "count": len(tokens), "max_model_len": config.effective_context_length}
+    )
+
+
 async def handle_abort(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     try:
@@ -770,6 +787,7 @@ def build_app(
         [
             web.post(GENERATE_PATH, handle_generate),
             web.post(ABORT_PATH, handle_abort),
+            web.post(TOKENIZE_PATH, handle_tokenize),
             web.get(HEALTH_PATH, handle_health),
             web.get(HEALTH_GENERATE_PATH, handle_health),
             web.get(READY_PATH, handle_ready),

@@ -340,6 +340,28 @@ class SGLangClient:
             return r.status_code == 200
         return False
 
+    def tokenize(self, server: str, text: str, timeout_s: float = 10.0) -> list[int] | None:
+        """The ids ``server``'s tokenizer makes of ``text`` (``/tokenize``), or None where it has no such
+        endpoint or fails: a text prompt is then not continued past a grant."""
+        try:
+            r = self._http.post(
+                server + protocol.TOKENIZE_PATH,
+                content=orjson.dumps({"prompt": text}),
+                timeout=timeout_s,
+                headers=self.auth(server).headers(),
+            )
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        try:
+            tokens = orjson.loads(r.content).get("tokens")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return None
+        return tokens
+
     # --- generate -------------------------------------------------------------------------------
 
     def generate(

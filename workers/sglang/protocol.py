@@ -77,6 +77,9 @@ SGLANG_DEFAULT_MAX_NEW_TOKENS: Final = 128
 #: Path of each endpoint.
 GENERATE_PATH: Final = "/generate"
 ABORT_PATH: Final = "/abort_request"
+#: ``{"prompt": text}`` -> ``{"tokens": [...], "count": n, "max_model_len": m}``: the server's tokenizer
+#: (0.5.23, observed: the ids its ``/generate`` saw for the same ``text``).
+TOKENIZE_PATH: Final = "/tokenize"
 HEALTH_PATH: Final = "/health"
 MODEL_INFO_PATH: Final = "/model_info"
 SERVER_INFO_PATH: Final = "/server_info"
