@@ -271,9 +271,12 @@ def run_fleet(
     extra: str = "",
     sampling: dict[str, Any] | None = None,
     policy: str = "truncate",
+    as_text: bool = False,
 ) -> tuple[str, dict[str, float]]:
     name = f"scale_{uuid.uuid4().hex[:8]}"
-    dataset: dict[str, Any] = {"name": name, "rows": [{"input_ids": r} for r in rows]}
+    # as_text: the same prompts as text (the server tokenizes them: the simulator byte by byte)
+    prompt_of = (lambda r: {"text": " ".join(map(str, r))}) if as_text else (lambda r: {"input_ids": r})
+    dataset: dict[str, Any] = {"name": name, "rows": [prompt_of(r) for r in rows]}
     if token_budget is not None:
         dataset |= {"token_budget": token_budget, "on_budget": policy}
     elapsed = run_datasets(url, redis_url, [dataset], max_new_tokens, folder, extra=extra, sampling=sampling)
@@ -728,6 +731,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                                 tmp / f"{policy}{i}",
                                 token_budget=None if policy == "none" else budget,
                                 policy=policy,
+                                as_text=args.speed_prompts == "text",
                             )
                         snap = Ledger.from_url(redis_url).snapshot(name)
                         if snap.samples == 0:
@@ -1166,6 +1170,12 @@ def main() -> int:
     p.add_argument("--default-inflight", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--speed-budget", type=int, default=400_000, help="budget-speed: the token budget")
     p.add_argument("--speed-inflight", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument(
+        "--speed-prompts",
+        choices=["ids", "text"],
+        default="ids",
+        help="budget-speed: the prompts as token ids, or as text the server tokenizes",
+    )
     p.add_argument(
         "--speed-workloads", nargs="+", default=["mean400", "mean2000"], choices=list(SPEED_WORKLOADS)
     )
