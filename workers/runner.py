@@ -518,15 +518,16 @@ class SampleRunner:
         else:
             sampling["max_new_tokens"] = min(int(sampling.get("max_new_tokens") or grant), grant)
 
-    def _continuable(self, a: Attempt, server: str) -> bool:
+    def _continuable(self, a: Attempt, server: str, at_start: bool = False) -> bool:
         """Whether ``a``'s generation can go on past a grant on ``server``: a prompt of ids, or a text
         prompt where the server tokenizes it for the continuation (``/tokenize``; a server that could not
-        is not asked again by this process). A conversation that regenerates several replies cannot (one
-        reply is one ordinary generation: ``Conversation.of``)."""
+        is not asked again by this process). A conversation that regenerates several replies cannot. A
+        prompt of ids templated from a conversation (``at_start``: the kind of its first grant) is granted
+        whole, as it always was, and continued where a grant ended it."""
         if several_replies(a.sample):
             return False
-        if can_continue(a.sample, False):
-            return True
+        if a.sample.get("input_ids"):
+            return not at_start or a.sample.get("conversation") is None
         return isinstance(a.sample.get("text"), str) and server not in self._no_tokenize
 
     def _prompt_ids(self, a: Attempt, server: str, gen: Generation) -> list[int] | None:
@@ -554,7 +555,7 @@ class SampleRunner:
         asked again while the budget is all granted to generations that give some back as they end."""
         deadline = time.monotonic() + GRANT_WAIT_MAX_S
         while True:
-            whole = not self._continuable(a, server)
+            whole = not self._continuable(a, server, at_start=True)
             got = self.grants.start(a.dataset, a.sid, a.attempt, a.want, _slots_of(a.spec), whole)
             if got != GRANT_WAIT or handle.requested or time.monotonic() >= deadline:
                 return GRANT_NOT_NOW if got == GRANT_WAIT else got
