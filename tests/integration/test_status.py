@@ -144,6 +144,7 @@ def test_status_watch_redraws_until_interrupted(fleet_redis_url: str, fleet_ledg
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     shown = bytearray()
     redrawn = threading.Event()
@@ -160,7 +161,20 @@ def test_status_watch_redraws_until_interrupted(fleet_redis_url: str, fleet_ledg
     # interrupted once it has drawn twice (a slow machine's imports alone take seconds)
     assert redrawn.wait(30), f"status --watch did not draw twice into a pipe in 30 s: {bytes(shown)!r}"
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=10)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        # still running 10 s after Ctrl-C (seen in fresh-clone CI runs, not reproduced here): its threads'
+        # stacks (PYTHONFAULTHANDLER dumps them on SIGABRT) and what it wrote say where it was
+        os.kill(proc.pid, signal.SIGABRT)
+        proc.wait(timeout=10)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode(errors="replace")
+        tail = bytes(shown[-1500:])
+        raise AssertionError(
+            f"status --watch still ran 10 s after Ctrl-C; stderr ({len(err)} bytes): {err[-3000:]!r}; "
+            f"stdout ({len(shown)} bytes), its end: {tail!r}"
+        ) from None
     reader.join(timeout=10)
     assert proc.stderr is not None
     err = proc.stderr.read().decode()
