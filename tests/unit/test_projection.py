@@ -12,8 +12,7 @@ import pytest
 
 from budget import DatasetSnapshot, DatasetState
 from budget.lengths import bucket_of
-from budget.server_board import ServerStatus
-from tests.support.snapshots import snapshot_of
+from tests.support.snapshots import server_status_of, snapshot_of
 from tests.support.status import render
 from tokenfleet.status_detail import dataset_detail
 from tokenfleet.status_view import expected_samples, project, server_health, snapshot_json, status_table
@@ -176,26 +175,9 @@ def test_the_table_and_the_detail_of_a_paused_dataset_show_no_eta() -> None:
     assert "ETA by" not in detail
 
 
-def _server(**changes: object) -> ServerStatus:
-    base: dict[str, object] = dict(
-        url="http://s:30000",
-        inflight=0,
-        cap=None,
-        up=True,
-        requests_per_s=0.0,
-        started=10,
-        failures=0,
-        fails_in_a_row=0,
-        downs=0,
-        down_since_ms=None,
-        last_error="",
-        last_ok_s_ago=5.0,
-    )
-    return ServerStatus(**(base | changes))  # type: ignore[arg-type]
-
-
 def test_a_servers_up_is_shown_with_its_age_once_nothing_confirmed_it_for_a_minute() -> None:
-    assert server_health(_server()).plain == "up"
-    assert server_health(_server(last_ok_s_ago=1800.0)).plain.startswith("up 30m")
-    assert server_health(_server(last_ok_s_ago=1800.0, inflight=3)).plain == "up"  # in use: it is current
-    assert server_health(_server(up=False, last_ok_s_ago=1800.0)).plain == "down"
+    assert server_health(server_status_of()).plain == "up"
+    assert server_health(server_status_of(last_ok_s_ago=1800.0)).plain.startswith("up 30m")
+    # in use: it is current
+    assert server_health(server_status_of(last_ok_s_ago=1800.0, inflight=3)).plain == "up"
+    assert server_health(server_status_of(up=False, last_ok_s_ago=1800.0)).plain == "down"
