@@ -87,6 +87,12 @@ class Progress(enum.StrEnum):
     LOST = "lost"
 
 
+#: Why a limit stops what runs, in place of the state beside ``Progress.STOP`` (``progress.lua``) and as a
+#: ``stop_reasons`` reason: the token budget, or the sample cap (reached, so nothing running can be kept).
+STOP_BUDGET = "budget"
+STOP_MAX_SAMPLES = "max_samples"
+
+
 class FailOutcome(enum.StrEnum):
     """What ``fail`` did (``budget/lua/fail.lua``)."""
 
@@ -511,7 +517,8 @@ class Ledger:
     @_translate_errors
     def stop_reasons(self, names: Iterable[str]) -> dict[str, str]:
         """For each dataset, why its in-flight generations must stop now (``revoked``, ``paused``,
-        ``budget``, ``unknown``), or ``""`` to go on (``budget/lua/stop_check.lua``). One round trip."""
+        ``budget``, ``max_samples``, ``unknown``), or ``""`` to go on (``budget/lua/stop_check.lua``).
+        One round trip."""
         names = list(names)
         if not names:
             return {}
@@ -640,7 +647,8 @@ class Ledger:
         self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS
     ) -> tuple[Progress, str]:
         """Whether an attempt between two tries (or whose stream ended) may go on; renews its lease.
-        Returns the verdict and the dataset's state."""
+        Returns the verdict and the dataset's state, or, where a limit stops it, ``STOP_BUDGET`` or
+        ``STOP_MAX_SAMPLES`` in place of the state."""
         action, state = self._call("progress", name, [sample_id, attempt, lease_ms])
         return Progress(action), state
 

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from budget import Admission, CommitItem, CommitOutcome, GiveUpOutcome, Ledger, Progress, defaults
-from budget.ledger import GRANT_AT_SEND, GRANT_DROPPED, GRANT_NOT_NOW, GRANT_WAIT, DatasetState
+from budget.ledger import (
+    GRANT_AT_SEND,
+    GRANT_DROPPED,
+    GRANT_NOT_NOW,
+    GRANT_WAIT,
+    STOP_MAX_SAMPLES,
+    DatasetState,
+)
 from budget.spec import DatasetSpec
 from budget.urls import redact_url
 from workers.batching import CallBatcher
@@ -591,10 +598,13 @@ class SampleRunner:
         return grant < max_new and reason.get("type") == "length" and gen.completion_tokens >= grant
 
     def _stopped(self, a: Attempt, gen: Generation, verdict: Progress, state: str) -> Outcome:
-        """We cut the generation: the budget was reached, the dataset revoked or paused, or the lease
-        lost."""
+        """We cut the generation: the budget or the sample cap was reached, the dataset revoked or paused,
+        or the lease lost."""
         if verdict is Progress.CONTINUE:  # the lease keeper found the lease taken back
             verdict = Progress.LOST
+        if verdict is Progress.STOP and state == STOP_MAX_SAMPLES:
+            # the sample cap was reached (lowered live below what ran): no commit could keep it
+            return self._give_back(a, STOP_MAX_SAMPLES, verdict, gen.completion_tokens)
         if verdict is Progress.STOP and state not in (DatasetState.REVOKED, DatasetState.PAUSED):
             if gen.completion_tokens == 0:  # stopped before its first token: nothing to keep or count
                 return self._give_back(a, "budget", verdict, 0)

@@ -8,7 +8,8 @@ server, and a ``StopHandle`` on the stream), and one ``StopWatcher`` thread per 
 - **How it learns.** Whoever may stop a dataset (``tokenfleet pause/revoke/budget``, and the worker whose
   chunk reached the budget) publishes the dataset's name on the ledger's stops channel
   (``Ledger.announce_stop``). The watcher listens, and asks the ledger whether the dataset must stop
-  (``Ledger.stop_reasons``: revoked, paused, budget reached): the ledger decides, a message only wakes it.
+  (``Ledger.stop_reasons``: revoked, paused, budget or sample cap reached): the ledger decides, a message
+  only wakes it.
   Pub/sub reaches every host at once, with no per-token cost; because a message is lost while a watcher
   reconnects, the watcher also asks the ledger every ``POLL_S`` about each dataset it has in flight, which
   bounds a stop's delay even then. A request admitted before a stop may be sent just after the watcher

@@ -494,3 +494,17 @@ local function over_budget(ledger)
   return budget_stops(redis.call('HGET', ledger, 'on_budget'), limit(ledger, 'token_budget'),
     spent(ledger) - num(ledger, 'overdrawn_tokens') + num(ledger, 'reserved_tokens'))
 end
+
+-- Whether what runs must stop for the sample cap: ``samples`` committed reached ``max`` (nil: no cap).
+-- Admission never lets more run than the cap has room for; an operator who lowers it live leaves some
+-- running that no commit could keep (commit.lua: over_limit), so they stop now, not at their end.
+local function cap_stops(max, samples)
+  return max ~= nil and samples >= max
+end
+
+-- Why what runs of an active (or exhausted) dataset must stop now: 'budget', 'max_samples', or nil.
+local function limit_stop(ledger)
+  if over_budget(ledger) then return 'budget' end
+  if cap_stops(limit(ledger, 'max_samples'), num(ledger, 'samples')) then return 'max_samples' end
+  return nil
+end

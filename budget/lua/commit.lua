@@ -7,7 +7,8 @@
 -- length bucket (of completion_tokens, computed by the caller: budget/lengths.py)
 -- Returns {state, stop, outcome_1, outcome_2, ...}; stop: 1 where this batch made what still runs of the
 -- dataset due to stop for its budget (budget_stops: a discard budget reached, or an answer thrown away
--- past its slack), so that the caller announces it at once, else 0; outcome: committed | duplicate (already committed by
+-- past its slack) or for its sample cap (reached with generations still running), so that the caller
+-- announces it at once, else 0; outcome: committed | duplicate (already committed by
 -- another attempt) | over_limit (max_samples already reached, or the attempt holds no reservation (it
 -- lost its lease, or discard, which reserves none) and the token budget has no room for it: not counted,
 -- so not exported) | revoked (the
@@ -47,6 +48,7 @@ local reasoning, hit_max_new, longest = tonumber(f[12]) or 0, tonumber(f[13]) or
 local overdrawn = tonumber(f[16]) or 0
 local tokens_sq = tonumber(f[17]) or 0
 local stopped_before = budget_stops(mode, budget, tokens + discarded - overdrawn + reserved_tokens)
+local capped_before = cap_stops(max, samples)
 -- reservations exist only while some are held (a dataset without a token budget never has any)
 local reserved_of = {}
 if reserved_tokens ~= 0 then reserved_of = redis.call('HMGET', reserved, unpack(sids)) end
@@ -87,7 +89,13 @@ for i = 1, n do
     back[#back + 1] = sid
     back[#back + 1] = 'revoked'
   elseif max and samples >= max then
+    -- the cap was lowered live below what ran: not kept, and pending (dropped by the limit while it
+    -- holds; fed again if it is raised)
     outcome = 'over_limit'
+    if holds then
+      back[#back + 1] = sid
+      back[#back + 1] = 'max_samples'
+    end
   elseif (not holds or mode == 'discard') and strict_budget
       and tokens + discarded - overdrawn + reserved_tokens + k > grant_pool(mode, strict_budget) then
     -- discard reserves nothing: an answer that would pass the budget and its slack is thrown away whole,
@@ -151,7 +159,8 @@ if (new_samples > 0 or thrown > 0) and (state == 'active' or state == 'exhausted
   if reached then state = 'exhausted' else state = 'active' end
   out[1] = state
 end
-if not stopped_before and budget_stops(mode, budget, tokens + discarded - overdrawn + reserved_tokens) then
+if (not stopped_before and budget_stops(mode, budget, tokens + discarded - overdrawn + reserved_tokens))
+    or (not capped_before and cap_stops(max, samples) and redis.call('ZCARD', leases) > 0) then
   out[2] = 1
 end
 local fields = {'tokens', tokens, 'samples', samples, 'truncated', truncated,

@@ -281,3 +281,45 @@ def test_an_out_of_vocabulary_id_is_rejected_at_submit_and_never_reaches_the_ser
     assert fleet_ledger.snapshot(name).samples == 5
     assert not sim.server.crashed
     assert sim.stats()["requests"] == 1 + 5  # the submit's one-token probe, then the good lines
+
+
+def test_a_lowered_sample_cap_stops_in_flight_generations_within_one_second_and_loses_none(
+    workers: Any, fleet_redis_url: str, fleet_ledger: Ledger, queueing_sim: Sim, tmp_path: Path
+) -> None:
+    # Before: the generations running when the cap was lowered below them ran to their end (about 2 s
+    # each here), then were thrown away at commit, and their samples were in no category.
+    name = unique("recap")
+    big = 10**9
+    config = queueing_config(
+        tmp_path,
+        fleet_redis_url,
+        queueing_sim,
+        [{"name": name, "rows": token_rows(60), "token_budget": big, "on_budget": "truncate"}],
+    )
+    run = BackgroundSubmit(config, "--window", "32")
+    wait_until(lambda: name in fleet_ledger.datasets(), what="the dataset registered")
+    wait_until(lambda: fleet_ledger.snapshot(name).samples >= 2, what="two samples committed")
+    wait_until(
+        lambda: queueing_sim.stats()["waiting"] >= FLEET_CAP - SERVER_BATCH - 2,
+        what="requests waiting in the server's queue",
+    )
+
+    cap = fleet_ledger.snapshot(name).samples
+    started = started_for(queueing_sim, name)
+    lowered_at = time.monotonic()
+    assert main(["budget", name, str(big), "--max-samples", str(cap), "--redis-url", fleet_redis_url]) == 0
+    at_1s, later = quiet_after(queueing_sim, name, lowered_at)
+    assert later == at_1s, f"{later - at_1s} tokens generated 1 s after the sample cap was lowered"
+    late = started_for(queueing_sim, name) - started
+    assert late <= LATE_STARTS, f"{late} waiting requests were started after the sample cap was lowered"
+    assert run.wait(120) == 0
+
+    snap = fleet_ledger.snapshot(name)
+    records = export(fleet_ledger, name, tmp_path)
+    # a commit that landed between the look and the lowering is kept: the cap is what was committed then
+    assert snap.state == "exhausted" and snap.samples == len(records) <= cap + 1
+    assert snap.inflight == 0 and snap.failed == 0
+    # every other sample is pending (dropped by the cap while it holds), none in no category
+    assert snap.samples + snap.pending == 60, (snap.samples, snap.pending)
+    reasons = fleet_ledger.pending_reasons(name)
+    assert reasons.get("max_samples", 0) >= 1, reasons

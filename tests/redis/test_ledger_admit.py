@@ -5,11 +5,14 @@ Lease expiry uses a lease of 50 ms and a sleep of 100 ms (the scripts read Redis
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 import redis
 
 from budget import Admission, CommitOutcome, DatasetState, Ledger, Progress
-from budget.ledger import GRANT_AT_SEND
+from budget.ledger import GRANT_AT_SEND, STOP_BUDGET, STOP_MAX_SAMPLES
 from tests.support.ledger import (
     DS,
     MAX_NEW,
@@ -496,6 +499,78 @@ def test_progress_says_stop_under_discard_once_what_is_spent_reaches_the_budget_
     assert ledger.stop_reasons([DS]) == {DS: "budget"}
 
 
+def test_a_sample_cap_lowered_to_what_is_committed_stops_what_runs_and_gives_it_back_as_max_samples(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, max_samples=10)
+    commit_new(ledger, "s0", 30)
+    lease(ledger, "s1")
+    lease(ledger, "s2")
+    assert progress(ledger, "s1", "a1") is Progress.CONTINUE
+
+    ledger.set_limits(DS, token_budget=None, max_samples=2)  # room for one of the two running: both go on
+    assert ledger.progress(DS, "s1", "a1") == (Progress.CONTINUE, DatasetState.ACTIVE)
+    assert ledger.stop_reasons([DS]) == {DS: ""}
+
+    assert ledger.commit(DS, "s1", "a1", 40) is CommitOutcome.COMMITTED  # the cap: s2 can no longer be kept
+    assert ledger.progress(DS, "s2", "a1") == (Progress.STOP, STOP_MAX_SAMPLES)
+    assert ledger.stop_reasons([DS]) == {DS: STOP_MAX_SAMPLES}
+
+    ledger.release(DS, "s2", "a1", STOP_MAX_SAMPLES, 25)  # what the worker does with it
+    snap = ledger.snapshot(DS)
+    assert (snap.state, snap.samples, snap.inflight, snap.pending) == (DatasetState.EXHAUSTED, 2, 0, 1)
+    assert pending(redis_client) == {"s2": STOP_MAX_SAMPLES}  # dropped by the cap, not lost
+    assert snap.wasted_tokens == 25
+
+
+def test_a_commit_past_a_sample_cap_lowered_live_leaves_the_sample_pending_as_max_samples(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, max_samples=10)
+    lease(ledger, "s1")
+    lease(ledger, "s2")
+    ledger.set_limits(DS, token_budget=None, max_samples=1)
+    assert ledger.commit(DS, "s1", "a1", 40) is CommitOutcome.COMMITTED
+
+    assert ledger.commit(DS, "s2", "a1", 40) is CommitOutcome.OVER_LIMIT  # ended before its stop landed
+
+    snap = ledger.snapshot(DS)
+    assert (snap.samples, snap.inflight, snap.pending) == (1, 0, 1)
+    assert pending(redis_client) == {"s2": STOP_MAX_SAMPLES}  # before: in no category at all
+
+
+def test_the_commit_that_reaches_a_sample_cap_announces_the_stop_only_while_others_run(
+    ledger: Ledger,
+) -> None:
+    make(ledger, "alone", max_samples=1)
+    make(ledger, max_samples=10)
+    lease(ledger, "s0", name="alone")
+    for sid in ("s1", "s2", "s3"):
+        lease(ledger, sid)
+    stops = ledger.subscribe_stops()
+    try:
+        # reached with nothing else running (admission keeps to the cap): nothing to stop, no message
+        assert ledger.commit("alone", "s0", "a1", 10) is CommitOutcome.COMMITTED
+        ledger.set_limits(DS, token_budget=None, max_samples=2)
+        drain_messages(stops)  # set_limits announces on its own
+        assert ledger.commit(DS, "s1", "a1", 10) is CommitOutcome.COMMITTED  # 1 of 2: not yet
+        assert ledger.commit(DS, "s2", "a1", 10) is CommitOutcome.COMMITTED  # 2 of 2, s3 runs
+        assert drain_messages(stops) == [DS]
+    finally:
+        stops.close()
+
+
+def drain_messages(stops: Any) -> list[str]:
+    """The stop messages received within the next half second."""
+    messages = []
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        message = stops.get_message(timeout=0.1)
+        if message is not None:
+            messages.append(message["data"])
+    return messages
+
+
 def test_progress_ignores_live_tokens_past_the_budget(ledger: Ledger) -> None:
     make(ledger, token_budget=100)
     lease(ledger, "s1", want=40)
@@ -516,7 +591,7 @@ def test_progress_returns_the_datasets_state_with_the_action(ledger: Ledger) -> 
     assert ledger.progress(DS, "s1", "a1") == (Progress.STOP, DatasetState.REVOKED)
     ledger.resume(DS)
     ledger.set_limits(DS, token_budget=40)
-    assert ledger.progress(DS, "s1", "a1") == (Progress.STOP, DatasetState.ACTIVE)
+    assert ledger.progress(DS, "s1", "a1") == (Progress.STOP, STOP_BUDGET)
     assert ledger.progress(DS, "s1", "nobody") == (Progress.LOST, DatasetState.ACTIVE)
     assert ledger.progress("nope", "s1", "a1") == (Progress.LOST, "unknown")
 
