@@ -36,6 +36,14 @@ EXIT_USAGE = 2
 EXIT_UNSETTLED = 3
 
 
+#: What to do where the ledger does not know a dataset that ran: Redis restarted without its data.
+LOST_LEDGER_HINT = (
+    "if it ran and this Redis lost its data (a restart without persistence, a flush), "
+    "`tokenfleet reconcile --config CONFIG` rebuilds the ledger from the output files, "
+    "and `tokenfleet submit CONFIG` then feeds what is not done"
+)
+
+
 def _redis_url(args: argparse.Namespace) -> str:
     """The ledger's Redis URL: ``--redis-url``, else ``$TOKENFLEET_REDIS_URL``, else the default. It is
     checked as the config checks its ``redis_url``: a malformed one is a ``ConfigError`` naming where it
@@ -132,7 +140,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             return Group(*(detail(n) for n in names))
         snaps = snapshots()
         if not snaps:
-            return f"no datasets in the ledger at {redact_url(_redis_url(args))}"
+            return f"no datasets in the ledger at {redact_url(_redis_url(args))}\n{LOST_LEDGER_HINT}"
         return fleet_view(snaps, ledger.workers(), mine, servers=servers.status())
 
     if args.json:
@@ -303,11 +311,11 @@ def cmd_reconcile(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_budget(args: argparse.Namespace, console: Console) -> int:
-    from tokenfleet.control import LimitError, checked_limit
+    from tokenfleet.control import KEEP, LimitError, live_limit
 
     try:  # before the ledger is opened: a limit refused changes nothing
-        tokens = checked_limit(args.tokens, "tokens")
-        max_samples = "-" if args.max_samples is None else checked_limit(args.max_samples, "--max-samples")
+        tokens = live_limit(args.tokens, "tokens")
+        max_samples = KEEP if args.max_samples is None else live_limit(args.max_samples, "--max-samples")
     except LimitError as e:
         _error(e)
         return EXIT_USAGE
@@ -484,8 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = with_redis(sub.add_parser("budget", help="change NAME's token budget (and sample cap) live"))
     s.add_argument("name")
-    s.add_argument("tokens", type=int)
-    s.add_argument("--max-samples", type=int)
+    s.add_argument("tokens", help="the token budget: a number, '-' to leave it as it is, 'none' to remove it")
+    s.add_argument("--max-samples", help="the sample cap: a number, or 'none' to remove it")
     s.set_defaults(func=cmd_budget)
 
     s = with_redis(sub.add_parser("reconcile", help="rebuild the ledger of datasets from their output files"))
@@ -559,6 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args, console))
     except (ConfigError, SourceError, LedgerError, SubmitError) as e:
         _error(e)
+        if isinstance(e, UnknownDataset):
+            sys.stderr.write(f"{LOST_LEDGER_HINT}\n")
     except Unsettled as e:
         sys.stderr.write(f"stopped before every dataset settled: {e.reason}\n")
         for line in e.left():

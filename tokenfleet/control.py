@@ -24,6 +24,28 @@ class LimitError(ValueError):
     """A limit a config would refuse, given live (one user-facing line)."""
 
 
+#: ``tokenfleet budget``'s words for a limit left as it is, and for a limit removed.
+KEEP: Final = "-"
+NO_LIMIT: Final = "none"
+
+
+def live_limit(value: str, what: str) -> int | str | None:
+    """A limit as ``tokenfleet budget`` takes it: a number (``checked_limit``), ``-`` (``KEEP``: leave
+    it as it is) or ``none`` (``NO_LIMIT``: remove it), for ``Ledger.set_limits``."""
+    if value == KEEP:
+        return KEEP
+    if value.lower() == NO_LIMIT:
+        return None
+    try:
+        number = int(value.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise LimitError(
+            f"{what}: a whole number of {'tokens' if what == 'tokens' else 'samples'}, "
+            f"'{KEEP}' to leave it as it is, or '{NO_LIMIT}' to remove it (got {value!r})"
+        ) from None
+    return checked_limit(number, what)
+
+
 def checked_limit(value: int, what: str) -> int:
     """``value`` as a token budget or sample cap (``what`` names the argument), or ``LimitError`` with the
     config's own wording: ``tokens: input should be greater than or equal to 1 (got -5)``."""

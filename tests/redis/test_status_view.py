@@ -219,3 +219,17 @@ def test_status_names_with_all_shows_their_rows_and_json_keeps_its_fields(
         "inflight",
     ]
     assert (b4["tokens"], b4["token_budget"], b4["eta_s"]) == (10_700_000, 10_000_000, 0)
+
+
+def test_an_empty_ledger_and_an_unknown_export_say_how_to_rebuild_a_ledger_redis_lost(
+    ledger: Ledger, redis_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # what a user saw after a Redis restart without persistence: "no datasets", and no way forward
+    assert main(["status", "--redis-url", redis_url]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("no datasets in the ledger at ") and "tokenfleet reconcile --config CONFIG" in out
+
+    assert main(["export", "gone", "-o", str(tmp_path / "x.jsonl"), "--redis-url", redis_url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown dataset 'gone'") and "tokenfleet reconcile --config CONFIG" in err
+    assert "Traceback" not in err and not (tmp_path / "x.jsonl").exists()

@@ -55,8 +55,18 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[LimitsLedger]:
         ([str(2**63)], f"error: tokens: input should be less than or equal to {2**63 - 1} (got {2**63})"),
         (["1000", "--max-samples", "-1"], "error: --max-samples: input should be greater than or equal to 1"),
         (["1000", "--max-samples", "0"], "error: --max-samples: input should be greater than or equal to 1"),
+        (["10M"], "error: tokens: a whole number of tokens, '-' to leave it as it is, or 'none' to remove"),
+        (["-", "--max-samples", "x"], "error: --max-samples: a whole number of samples, '-' to leave it as"),
     ],
-    ids=["negative-tokens", "zero-tokens", "tokens-past-int64", "negative-max-samples", "zero-max-samples"],
+    ids=[
+        "negative-tokens",
+        "zero-tokens",
+        "tokens-past-int64",
+        "negative-max-samples",
+        "zero-max-samples",
+        "tokens-not-a-number",
+        "max-samples-not-a-number",
+    ],
 )
 def test_budget_refuses_a_limit_the_config_would_refuse_with_exit_2_and_leaves_the_ledger_alone(
     opened: list[LimitsLedger], capsys: pytest.CaptureFixture[str], argv: list[str], message: str
@@ -75,6 +85,19 @@ def test_budget_with_positive_limits_sets_them_and_without_max_samples_leaves_th
     assert main(["budget", "ds", "1"]) == EXIT_OK
 
     assert [ledger.changes for ledger in opened] == [[("ds", 20_000_000, 9000)], [("ds", 1, "-")]]
+
+
+def test_budget_can_change_the_sample_cap_alone_and_remove_either_limit(opened: list[LimitsLedger]) -> None:
+    # before: the token budget was a required number, so lowering the cap alone meant restating it
+    assert main(["budget", "ds", "-", "--max-samples", "500"]) == EXIT_OK
+    assert main(["budget", "ds", "none", "--max-samples", "None"]) == EXIT_OK
+    assert main(["budget", "ds", "2_000_000"]) == EXIT_OK
+
+    assert [ledger.changes for ledger in opened] == [
+        [("ds", "-", 500)],
+        [("ds", None, None)],
+        [("ds", 2_000_000, "-")],
+    ]
 
 
 def commands_taking_a_redis_url() -> set[str]:
