@@ -76,15 +76,31 @@ def fits(spent: int, live: int, mean_need: float, margin_need: float, budget: in
 
 def tokenfleet_rule(n: int, led: Ledger, live: int, budget: int, max_new: int) -> bool:
     """discard_full: the committed lengths (length-biased) for as many in flight as are committed,
-    max_new_tokens for each past that; on average within the budget, two spreads within its slack."""
+    max_new_tokens for each past that, or, where it is less, each at the tokens generated so far over the
+    answers committed (discard_exposure); on average within the budget, two spreads within its slack."""
+    return trusting_rule(n, led, live, budget, max_new, exposure=True)
+
+
+def stepwise_rule(n: int, led: Ledger, live: int, budget: int, max_new: int) -> bool:
+    """discard_full before the exposure estimate (before 2026-12-06): max_new_tokens for each answer in
+    flight past the committed count."""
+    return trusting_rule(n, led, live, budget, max_new, exposure=False)
+
+
+def trusting_rule(n: int, led: Ledger, live: int, budget: int, max_new: int, exposure: bool) -> bool:
     mean = led.tokens_sq / led.tokens if led.tokens else 0.0
     spread = 0.0
     if led.samples:
         spread = math.sqrt(max(0.0, led.tokens_sq / led.samples - (led.tokens / led.samples) ** 2))
     trusted = min(n, led.samples) if mean > 0 else 0
     beyond = (n - trusted) * max_new
-    margin = DISCARD_SIGMAS * spread * math.sqrt(trusted)
-    return not fits(led.spent, live, trusted * mean + beyond, trusted * mean + margin + beyond, budget)
+    expected = trusted * mean + beyond
+    need = expected + DISCARD_SIGMAS * spread * math.sqrt(trusted)
+    if exposure and beyond and led.samples:
+        each = min(max_new, max(mean, (led.tokens + live) / led.samples))
+        if n * each < expected:
+            expected, need = n * each, n * each + DISCARD_SIGMAS * spread * math.sqrt(n)
+    return not fits(led.spent, live, expected, need, budget)
 
 
 def knowing_rule(mean: float, sigma: float) -> Rule:
@@ -116,27 +132,32 @@ def over(rule: Rule, factor: float) -> Rule:
 
 
 def run_budget(
-    slots: int, budget: int, draw: Callable[[], int], max_new: int, rule: Rule
+    slots: int, budget: int, draw: Callable[[], int], max_new: int, rule: Rule, report: int = 1
 ) -> tuple[int, int, int]:
-    """Steps until nothing runs, tokens kept, tokens thrown away."""
+    """Steps until nothing runs, tokens kept, tokens thrown away. The rule reads the live tokens as last
+    reported, every ``report`` steps (the workers' lease reports). An answer: [length, tokens so far,
+    tokens as last reported]."""
     led, running, steps, thrown, stopped = Ledger(), [], 0, 0, False
     while True:
+        live = sum(r[2] for r in running)  # new answers add nothing until reported
         while not stopped and len(running) < slots:
-            if rule(len(running) + 1, led, sum(p for _, p in running), budget, max_new):
+            if rule(len(running) + 1, led, live, budget, max_new):
                 break
-            running.append([draw(), 0])
+            running.append([draw(), 0, 0])
         if not running:
             return steps, led.tokens, thrown
         steps += 1
         for r in running:
             r[1] += 1
+            if steps % report == 0:
+                r[2] = r[1]
         ended = [r[0] for r in running if r[1] >= r[0]]
         running = [r for r in running if r[1] < r[0]]
         for length in ended:
             if led.spent + length > budget + math.floor(budget * DISCARD_SLACK):
                 # thrown away whole; what still runs is stopped (each would be thrown away too)
-                thrown += length + sum(p for _, p in running)
-                led.spent += length + sum(p for _, p in running)
+                thrown += length + sum(r[1] for r in running)
+                led.spent += length + sum(r[1] for r in running)
                 running, stopped = [], True
                 break
             led.spent += length
@@ -145,8 +166,8 @@ def run_budget(
             led.samples += 1
         if running and led.spent >= budget:
             # the budget is reached: what still runs is stopped and thrown away (budget_stops)
-            thrown += sum(p for _, p in running)
-            led.spent += sum(p for _, p in running)
+            thrown += sum(r[1] for r in running)
+            led.spent += sum(r[1] for r in running)
             running, stopped = [], True
 
 
@@ -184,6 +205,13 @@ def main() -> int:
     p.add_argument("--max-new", type=int)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument(
+        "--report-steps",
+        type=int,
+        default=1,
+        help="the live tokens the rules read are reported every this many steps (the workers' lease "
+        "reports: 1 s is 100 steps of 10 ms)",
+    )
+    p.add_argument(
         "--over-admit",
         type=float,
         nargs="*",
@@ -197,36 +225,45 @@ def main() -> int:
         sigma = args.sigma or (0.5 if mean < 1000 else 0.3)
         cells = [(args.slots or 256, args.budget or 400_000, mean, sigma, args.max_new or int(mean * 8))]
     print(
-        "| slots | budget | mean (sigma) | max_new | tokenfleet / none | knows the lengths / none "
-        "| the longest answer / none (any scheduler) | thrown away (tokenfleet) |"
+        "| slots | budget | mean (sigma) | max_new | tokenfleet / none (thrown away) "
+        "| before the exposure estimate / none (thrown away) | knows the lengths / none "
+        "| the longest answer / none (any scheduler) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for slots, budget, mean, sigma, max_new in cells:
-        ours, known, bound, thrown = [], [], [], []
+        ours, before, known, bound, thrown, thrown_before = [], [], [], [], [], []
         for seed in range(args.seeds):
             base = run_none(slots, budget, lengths(mean, sigma, max_new, seed))
-            s, _, t = run_budget(slots, budget, lengths(mean, sigma, max_new, seed), max_new, tokenfleet_rule)
+            for rule, times, waste in (
+                (tokenfleet_rule, ours, thrown),
+                (stepwise_rule, before, thrown_before),
+            ):
+                s, _, t = run_budget(
+                    slots, budget, lengths(mean, sigma, max_new, seed), max_new, rule, args.report_steps
+                )
+                times.append(s / base)
+                waste.append(t)
             k, _, _ = run_budget(
                 slots, budget, lengths(mean, sigma, max_new, seed), max_new, knowing_rule(mean, sigma)
             )
-            ours.append(s / base)
             known.append(k / base)
             bound.append(longest_filling(budget, lengths(mean, sigma, max_new, seed)) / base)
-            thrown.append(t)
         print(
-            f"| {slots:,} | {budget:,} | {mean:g} ({sigma:g}) | {max_new:,} | {median(ours):.2f}x "
-            f"| {median(known):.2f}x | {median(bound):.2f}x | {median(thrown):,.0f} |",
+            f"| {slots:,} | {budget:,} | {mean:g} ({sigma:g}) | {max_new:,} "
+            f"| {median(ours):.2f}x ({median(thrown):,.0f}) "
+            f"| {median(before):.2f}x ({median(thrown_before):,.0f}) "
+            f"| {median(known):.2f}x | {median(bound):.2f}x |",
             flush=True,
         )
     if args.over_admit:
-        print_over_admit(cells, args.over_admit, args.seeds)
+        print_over_admit(cells, args.over_admit, args.seeds, args.report_steps)
     return 0
 
 
 Cell = tuple[int, int, float, float, int]
 
 
-def print_over_admit(cells: list[Cell], factors: list[float], seeds: int) -> None:
+def print_over_admit(cells: list[Cell], factors: list[float], seeds: int, report: int = 1) -> None:
     """The alternative: started up to the budget times each factor, what runs stopped at the budget."""
     print()
     heads = " | ".join(f"x{f:g}: learning / knowing (thrown away)" for f in factors)
@@ -240,7 +277,12 @@ def print_over_admit(cells: list[Cell], factors: list[float], seeds: int) -> Non
                 base = run_none(slots, budget, lengths(mean, sigma, max_new, seed))
                 for i, rule in enumerate((tokenfleet_rule, knowing_rule(mean, sigma))):
                     s, _, t = run_budget(
-                        slots, budget, lengths(mean, sigma, max_new, seed), max_new, over(rule, factor)
+                        slots,
+                        budget,
+                        lengths(mean, sigma, max_new, seed),
+                        max_new,
+                        over(rule, factor),
+                        report,
                     )
                     figures[2 * i].append(s / base)
                     figures[2 * i + 1].append(t / budget)

@@ -143,6 +143,16 @@ class CommitOutcome(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Renewal:
+    """What ``renew_report`` did: per lease, whether it is still held; and whether the dataset wants its
+    live tokens reported again within a second (a discard budget while fewer answers are committed than
+    run reads them to admit: ``live_wanted_soon`` in ``budget/lua/_lib.lua``)."""
+
+    held: list[bool]
+    soon: bool
+
+
+@dataclass(frozen=True, slots=True)
 class DatasetLimits:
     token_budget: int | None = None
     max_samples: int | None = None
@@ -652,18 +662,25 @@ class Ledger:
         action, state = self._call("progress", name, [sample_id, attempt, lease_ms])
         return Progress(action), state
 
-    @_translate_errors
     def renew_many(
         self, name: str, leases: Sequence[tuple[str, str, int | None]], lease_ms: int = DEFAULT_LEASE_MS
     ) -> list[bool]:
         """Renew leases of one dataset in one call, each ``(sample_id, attempt, live_tokens)`` (tokens
         generated so far, for status; None: not known). Returns, per lease, whether it is still held."""
+        return self.renew_report(name, leases, lease_ms).held
+
+    @_translate_errors
+    def renew_report(
+        self, name: str, leases: Sequence[tuple[str, str, int | None]], lease_ms: int = DEFAULT_LEASE_MS
+    ) -> Renewal:
+        """``renew_many``, and whether the ledger wants the live tokens again soon (``Renewal.soon``)."""
         if not leases:
-            return []
+            return Renewal([], False)
         args: list[Any] = [lease_ms]
         for sid, attempt, live in leases:
             args += [sid, attempt, "-" if live is None else int(live)]
-        return [bool(x) for x in self._call("renew", name, args)]
+        *held, soon = self._call("renew", name, args)
+        return Renewal([bool(x) for x in held], bool(soon))
 
     def renew(self, name: str, sample_id: str, attempt: str, lease_ms: int = DEFAULT_LEASE_MS) -> bool:
         return self.renew_many(name, [(sample_id, attempt, None)], lease_ms)[0]

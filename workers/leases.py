@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two reports of a process's leases (renewal and live tokens).
 REPORT_S: Final = 5.0
+#: ... while a dataset asks for its live tokens sooner (``Renewal.soon``: a discard budget's first answers).
+REPORT_SOON_S: Final = 1.0
 
 
 @dataclass(slots=True)
@@ -37,6 +40,8 @@ class LeaseKeeper:
         self._ledger = ledger
         self._lease_ms = lease_ms
         self._interval_s = min(report_s, lease_ms / 4000)
+        #: Whether a dataset asked at the last report for the next one within ``REPORT_SOON_S``.
+        self._soon = False
         self._leases: dict[tuple[str, str, str], Lease] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -65,23 +70,33 @@ class LeaseKeeper:
     def report(self) -> None:
         """Renew every lease and report its live tokens: one ledger call per dataset."""
         by_dataset: dict[str, list[Lease]] = {}
+        soon = False
         with self._lock:
             for lease in self._leases.values():
                 by_dataset.setdefault(lease.dataset, []).append(lease)
         for dataset, leases in by_dataset.items():
             try:
-                held = self._ledger.renew_many(
+                renewal = self._ledger.renew_report(
                     dataset, [(x.sample_id, x.attempt, x.live) for x in leases], self._lease_ms
                 )
             except LedgerError as e:  # Redis away for a moment: try again next round
                 log.warning("lease renewal failed: %s", e)
                 continue
-            for lease, ok in zip(leases, held, strict=True):
+            soon = soon or renewal.soon
+            for lease, ok in zip(leases, renewal.held, strict=True):
                 if not ok:
                     lease.lost.set()
+        self._soon = soon
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        # Ticks of at most REPORT_SOON_S; a report every interval, or at each tick while a dataset asked
+        # for its live tokens soon (at once after the report that asked, not after the interval).
+        tick = min(self._interval_s, REPORT_SOON_S)
+        last = time.monotonic()
+        while not self._stop.wait(tick):
+            if not self._soon and time.monotonic() - last < self._interval_s - tick / 2:
+                continue
+            last = time.monotonic()
             try:
                 self.report()
             except Exception:  # never let renewals die: the leases would expire under running work

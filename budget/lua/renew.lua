@@ -1,10 +1,12 @@
 -- renew: keep a worker process's leases alive, and report the tokens their generations have produced so
--- far (for status and rates only: budgets are kept by reservations). One call per process and dataset
--- every few seconds, for all its leases: no command per streamed chunk.
+-- far (for status and rates; and for discard's admission while fewer answers are committed than run:
+-- discard_exposure). One call per process and dataset every few seconds, for all its leases: no command
+-- per streamed chunk.
 -- KEYS: ledger, leases, owners, live, rate_tokens
 -- ARGV: lease_ms, then for each lease: sid, attempt, live_tokens (generated so far by the attempt; "-":
 --       not known, leave it)
--- Returns a list: 1 for each lease renewed, 0 for each this attempt no longer holds.
+-- Returns a list: 1 for each lease renewed, 0 for each this attempt no longer holds; then 1 where the
+-- dataset wants its live tokens reported again soon (live_wanted_soon), else 0.
 local lease_ms = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 3
 local sids = {}
@@ -43,4 +45,6 @@ if #lease_args > 0 then
   if delta ~= 0 then redis.call('HINCRBY', ledger, 'live_tokens', delta) end
   rate_add(rate_tokens, gained)
 end
+out[n + 1] = 0
+if live_wanted_soon(ledger, leases) then out[n + 1] = 1 end
 return out

@@ -738,6 +738,25 @@ def test_renew_many_sets_each_samples_live_tokens_and_moves_the_datasets_total_b
     assert ledger.snapshot(DS).live_tokens == 4
 
 
+def test_renew_asks_for_the_live_tokens_again_soon_only_under_discard_while_fewer_are_committed_than_run(
+    ledger: Ledger,
+) -> None:
+    make(ledger, "d", token_budget=10_000, on_budget="discard")
+    make(ledger, "t", token_budget=10_000)
+    make(ledger, "none")
+    for name in ("d", "t", "none"):
+        lease(ledger, "s1", name=name)
+        lease(ledger, "s2", name=name)
+        commit_new(ledger, "c1", 20, name=name)  # 1 committed, 2 running
+
+    renewals = {n: ledger.renew_report(n, [("s1", "a1", 5), ("s2", "a1", 5)]) for n in ("d", "t", "none")}
+
+    assert {n: r.soon for n, r in renewals.items()} == {"d": True, "t": False, "none": False}
+    assert all(r.held == [True, True] for r in renewals.values())
+    commit_new(ledger, "c2", 20, name="d")  # 2 committed, 2 running: the committed lengths say enough
+    assert ledger.renew_report("d", [("s1", "a1", 9)]).soon is False
+
+
 def test_renew_many_with_live_tokens_unknown_renews_and_leaves_them(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:

@@ -488,6 +488,29 @@ def test_discard_expects_max_new_tokens_of_each_answer_in_flight_past_the_number
     assert len(fill(ledger, "s")) == 19
 
 
+def test_discard_expects_each_answer_in_flight_past_the_number_committed_to_need_the_tokens_so_far_per_answer(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=1000, on_budget="discard")
+    for i in range(10):
+        commit_new(ledger, f"c{i}", 20)
+    for i in range(10):
+        assert ledger.admit(DS, f"r{i}", "a1").admission is Admission.OK
+    # nothing reported yet: the answers in flight would count as nothing, so the rule above holds
+    assert ledger.renew_many(DS, [(f"r{i}", "a1", None) for i in range(10)]) == [True] * 10
+    assert len(fill(ledger, "early")) == 9  # 200 + 10 x 20 + 9 x 64 = 976; its 10 more: 1,040
+    for i in range(9):
+        ledger.release(DS, f"early{i}", "a1", "test")
+
+    # each of the ten in flight has 10 tokens so far: (200 committed + 100 live) / 10 committed = 30 per
+    # answer, less than max_new_tokens (64) for those past the committed count: 200 + 30 n <= 1000 up to
+    # n = 26 in flight (the first answers to end are the short ones, and the live tokens say the rest are
+    # longer)
+    assert ledger.renew_many(DS, [(f"r{i}", "a1", 10) for i in range(10)]) == [True] * 10
+
+    assert len(fill(ledger, "s")) == 16
+
+
 def test_discard_keeps_those_in_flight_at_the_budget_on_average_and_two_spreads_of_their_sum_in_its_slack(
     ledger: Ledger,
 ) -> None:

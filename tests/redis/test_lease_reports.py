@@ -1,0 +1,49 @@
+"""The lease keeper's reports against real Redis: how soon the ledger hears a worker's live tokens."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from budget import Ledger
+from tests.support.ledger import DS, commit_new, lease, make
+from workers.leases import REPORT_S, REPORT_SOON_S, LeaseKeeper
+
+pytestmark = pytest.mark.redis
+
+
+def live_after(ledger: Ledger, keeper: LeaseKeeper, wait_s: float) -> int:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if ledger.snapshot(DS).live_tokens:
+            break
+        time.sleep(0.05)
+    return ledger.snapshot(DS).live_tokens
+
+
+@pytest.mark.parametrize(("on_budget", "soon"), [("discard", True), ("truncate", False)])
+def test_a_discard_budget_with_fewer_answers_committed_than_run_hears_live_tokens_every_second(
+    ledger: Ledger, on_budget: str, soon: bool
+) -> None:
+    make(ledger, token_budget=100_000, on_budget=on_budget)
+    commit_new(ledger, "c1", 20)
+    keeper = LeaseKeeper(ledger, lease_ms=60_000)
+    try:
+        held = []
+        for sid in ("s1", "s2"):
+            lease(ledger, sid)
+            held.append(keeper.hold(DS, sid, "a1"))
+        keeper.report()  # the first round: the ledger says whether it wants the next one soon
+        for x in held:
+            x.live = 7
+        started = time.monotonic()
+
+        live = live_after(ledger, keeper, REPORT_SOON_S + 1.0)
+
+        if soon:  # the next report came within about a second, not REPORT_S
+            assert live == 14, f"no report {time.monotonic() - started:.1f} s after the live tokens changed"
+        else:  # the usual pace: nothing yet
+            assert live == 0 and REPORT_S > REPORT_SOON_S + 1.0
+    finally:
+        keeper.stop()
