@@ -42,6 +42,9 @@ class LeaseKeeper:
         self._interval_s = min(report_s, lease_ms / 4000)
         #: Whether a dataset asked at the last report for the next one within ``REPORT_SOON_S``.
         self._soon = False
+        #: The datasets the last report covered: a lease of another one is reported at the next tick (the
+        #: ledger learns whether that dataset wants its live tokens soon).
+        self._reported: set[str] = set()
         self._leases: dict[tuple[str, str, str], Lease] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -87,6 +90,12 @@ class LeaseKeeper:
                 if not ok:
                     lease.lost.set()
         self._soon = soon
+        self._reported = set(by_dataset)
+
+    def _new_dataset(self) -> bool:
+        """Whether a lease is held of a dataset the last report did not cover."""
+        with self._lock:
+            return any(lease.dataset not in self._reported for lease in self._leases.values())
 
     def _run(self) -> None:
         # Ticks of at most REPORT_SOON_S; a report every interval, or at each tick while a dataset asked
@@ -94,7 +103,8 @@ class LeaseKeeper:
         tick = min(self._interval_s, REPORT_SOON_S)
         last = time.monotonic()
         while not self._stop.wait(tick):
-            if not self._soon and time.monotonic() - last < self._interval_s - tick / 2:
+            due = self._soon or time.monotonic() - last >= self._interval_s - tick / 2
+            if not due and not self._new_dataset():
                 continue
             last = time.monotonic()
             try:

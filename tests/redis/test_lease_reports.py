@@ -13,7 +13,7 @@ from workers.leases import REPORT_S, REPORT_SOON_S, LeaseKeeper
 pytestmark = pytest.mark.redis
 
 
-def live_after(ledger: Ledger, keeper: LeaseKeeper, wait_s: float) -> int:
+def live_after(ledger: Ledger, wait_s: float) -> int:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if ledger.snapshot(DS).live_tokens:
@@ -39,11 +39,27 @@ def test_a_discard_budget_with_fewer_answers_committed_than_run_hears_live_token
             x.live = 7
         started = time.monotonic()
 
-        live = live_after(ledger, keeper, REPORT_SOON_S + 1.0)
+        live = live_after(ledger, REPORT_SOON_S + 1.0)
 
         if soon:  # the next report came within about a second, not REPORT_S
             assert live == 14, f"no report {time.monotonic() - started:.1f} s after the live tokens changed"
         else:  # the usual pace: nothing yet
             assert live == 0 and REPORT_S > REPORT_SOON_S + 1.0
+    finally:
+        keeper.stop()
+
+
+def test_the_first_lease_of_a_dataset_is_reported_at_the_next_tick_not_after_the_interval(
+    ledger: Ledger,
+) -> None:
+    # the ledger learns at that report whether the dataset wants its live tokens every second: waiting
+    # REPORT_S for it left a discard budget's first answers counted as nothing for up to 5 s
+    make(ledger, token_budget=100_000, on_budget="truncate")
+    keeper = LeaseKeeper(ledger, lease_ms=60_000)
+    try:
+        lease(ledger, "s1")
+        keeper.hold(DS, "s1", "a1").live = 5
+
+        assert live_after(ledger, REPORT_SOON_S + 1.0) == 5
     finally:
         keeper.stop()
