@@ -129,6 +129,10 @@ def test_status_lists_the_workers_online_and_flags_one_running_other_code(
     fleet_ledger.heartbeat("old-copy@gpu-box", None)
 
 
+def _sigint_as_in_a_terminal() -> None:  # runs in the child, before exec
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_status_watch_redraws_until_interrupted(fleet_redis_url: str, fleet_ledger: Ledger) -> None:
     proc = subprocess.Popen(
         [
@@ -145,6 +149,10 @@ def test_status_watch_redraws_until_interrupted(fleet_redis_url: str, fleet_ledg
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        # Ctrl-C as a terminal delivers it: a test run started in the background (`.ci/run &`) passes
+        # SIGINT on ignored, and Python then installs no KeyboardInterrupt handler (the stacks of three
+        # fresh-clone runs: still sleeping in the watch loop 10 s after the signal)
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     shown = bytearray()
     redrawn = threading.Event()
@@ -164,8 +172,8 @@ def test_status_watch_redraws_until_interrupted(fleet_redis_url: str, fleet_ledg
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        # still running 10 s after Ctrl-C (seen in fresh-clone CI runs, not reproduced here): its threads'
-        # stacks (PYTHONFAULTHANDLER dumps them on SIGABRT) and what it wrote say where it was
+        # still running 10 s after Ctrl-C: its threads' stacks (PYTHONFAULTHANDLER dumps them on SIGABRT)
+        # and what it wrote say where it was
         os.kill(proc.pid, signal.SIGABRT)
         proc.wait(timeout=10)
         assert proc.stderr is not None
