@@ -18,6 +18,9 @@ from workers.settings import DEFAULT_CONCURRENCY, WorkerSettings
 
 log = logging.getLogger(__name__)
 settings = WorkerSettings.from_env()
+#: httpx logs every request at INFO (the worker's default level): one line per abort, so a stop of a few
+#: thousand generations wrote as many lines. Its warnings and errors still show.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def make_app(broker_url: str, visibility_timeout_s: float = settings.visibility_timeout_s) -> Celery:
