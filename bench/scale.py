@@ -242,10 +242,18 @@ def workers(redis_url: str, processes: int, concurrency: int | None, logs: Path)
 
 @contextmanager
 def fleet_stack(
-    args: argparse.Namespace, inflight: int, sim: dict[str, Any], processes: int | None = None
+    args: argparse.Namespace,
+    inflight: int,
+    sim: dict[str, Any],
+    processes: int | None = None,
+    request_log: Path | None = None,
 ) -> Iterator[tuple[Path, str, str]]:
     """A temporary folder, a Redis server of its own, a simulator capped at ``inflight`` running requests
-    (``sim``: its workload) and default workers; yields (folder, Redis URL, simulator URL)."""
+    (``sim``: its workload; ``request_log``: its log of requests) and default workers; yields (folder,
+    Redis URL, simulator URL)."""
+    if request_log is not None:
+        request_log.parent.mkdir(parents=True, exist_ok=True)
+        sim = sim | {"request_log": request_log}
     with (
         tempfile.TemporaryDirectory() as tmp,
         embedded_redis(Path(tmp) / "redis", binary=args.redis_server) as redis_url,
@@ -713,7 +721,13 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
         w = SPEED_WORKLOADS[workload]
         mean = w["sim"]["output_len_mean"]
         for inflight in args.speed_inflight:
-            with fleet_stack(args, inflight, w["sim"]) as (tmp, redis_url, url):
+            # the simulator's log of requests: bench/request_log.py reads it
+            log = (
+                Path(args.speed_timeline) / f"{workload}-{inflight}.requests.jsonl"
+                if args.speed_timeline
+                else None
+            )
+            with fleet_stack(args, inflight, w["sim"], request_log=log) as (tmp, redis_url, url):
                 # enough prompts for the budget and a full server to its end, whatever the lengths drawn
                 n = int(budget / mean * 1.3) + 2 * inflight
                 cells: dict[str, list[dict[str, float]]] = {}
@@ -1196,7 +1210,8 @@ def main() -> int:
     p.add_argument(
         "--speed-timeline",
         metavar="DIR",
-        help="budget-speed: write each run's readings (seconds, tokens, running, in flight) as JSON here",
+        help="budget-speed: write each run's readings (seconds, tokens, running, in flight) as JSON here, "
+        "and the simulator's log of requests of each cell (bench/request_log.py reads it)",
     )
     p.add_argument(
         "--default-scale", type=int, default=1, help="defaults: times more requests a run (longer runs)"

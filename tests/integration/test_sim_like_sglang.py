@@ -361,3 +361,28 @@ def test_hundreds_of_connections_opened_while_the_server_is_busy_are_queued_not_
             for s in sockets:
                 s.close()
     assert connected == wanted, f"{wanted - connected} of {wanted} connections were not queued"
+
+
+def test_the_request_log_has_a_line_per_finished_request_with_its_times_tokens_and_end(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "requests.jsonl"
+    with sim_client(request_log=str(log)) as client:
+        client.get("/health")  # the probe is in no log
+        capped = {
+            "input_ids": [5, 6, 7],
+            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+            "rid": "r-cap",
+        }
+        whole = {"input_ids": [5, 6, 8], "sampling_params": {"max_new_tokens": 4096}, "rid": "r-whole"}
+        answers = [client.post("/generate", json=body).json() for body in (capped, whole)]
+    lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    assert [line["rid"] for line in lines] == ["r-cap", "r-whole"]
+    for line, answer in zip(lines, answers, strict=True):
+        meta = answer["meta_info"]
+        assert line["completion_tokens"] == meta["completion_tokens"]
+        assert line["prompt_tokens"] == meta["prompt_tokens"] == 3
+        assert line["finish"] == meta["finish_reason"]["type"]
+        assert line["arrived_s"] <= line["started_s"] <= line["ended_s"]
+        assert line["ended_s"] - line["arrived_s"] == pytest.approx(meta["e2e_latency"], abs=0.01)
+    assert [line["finish"] for line in lines] == ["length", "stop"]

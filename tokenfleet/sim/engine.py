@@ -20,7 +20,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Final
+from typing import IO, Any, Final
+
+import orjson
 
 from workers.sglang.protocol import (
     ABORT_MESSAGE_REQUESTED,
@@ -164,6 +166,13 @@ class SimConfig:
     enable_metrics: bool = field(default=False, metadata=_help("serve Prometheus text on /metrics"))
     health_check_timeout_s: float = field(
         default=20.0, metadata=_help("/health answers 503 when its 1-token generation takes longer")
+    )
+    request_log: str | None = field(
+        default=None,
+        metadata=_help(
+            "append a JSON line per finished request to this file (its rid, when it arrived, started and "
+            "ended on the simulator's monotonic clock, its prompt and completion tokens, how it ended)"
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -592,6 +601,8 @@ class SimEngine:
         # The server's own counters (/metrics): never reset, unlike the stats.
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        #: ``config.request_log`` while it is open: (its path, the file).
+        self._request_log: tuple[str, IO[bytes]] | None = None
 
     # lifecycle
 
@@ -608,6 +619,9 @@ class SimEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._request_log is not None:
+            self._request_log[1].close()
+            self._request_log = None
 
     # requests
 
@@ -893,9 +907,29 @@ class SimEngine:
         request.outcome = outcome
         request.finish_reason = finish_reason
         request.finished_s = time.monotonic()
+        if self.config.request_log and not request.internal:
+            self._log_request(self.config.request_log, request)
         if not request.internal:
             setattr(self._counters, outcome.value, getattr(self._counters, outcome.value) + 1)
             tokens = request.produced - request.counted_from
             if tokens:
                 self._tokens_by_rid[request.rid] = self._tokens_by_rid.get(request.rid, 0) + tokens
         request.wake.set()
+
+    def _log_request(self, path: str, request: SimRequest) -> None:
+        """One line of ``path`` (``--request-log``) for ``request``, which just ended."""
+        if self._request_log is None or self._request_log[0] != path:
+            if self._request_log is not None:
+                self._request_log[1].close()
+            self._request_log = (path, open(path, "ab"))  # noqa: SIM115 (closed by stop or the next path)
+        line = {
+            "rid": request.rid,
+            "arrived_s": round(request.created_s, 4),
+            "started_s": None if request.admitted_s is None else round(request.admitted_s, 4),
+            "ended_s": round(request.finished_s or 0.0, 4),
+            "prompt_tokens": request.prompt_tokens,
+            "completion_tokens": request.produced,
+            "finish": (request.finish_reason or {}).get("type"),
+        }
+        self._request_log[1].write(orjson.dumps(line) + b"\n")
+        self._request_log[1].flush()
