@@ -16,14 +16,16 @@ dataset in the log (``--last``: the last one only), this prints:
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-#: Length of the dataset tag that starts every rid (``workers/rids.py``).
-TAG_LENGTH = 8
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workers.rids import RID_LENGTH, TAG_LENGTH
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ def read_log(path: Path) -> dict[str, list[Request]]:
         if not raw.strip():
             continue
         d = orjson.loads(raw)
+        if len(d["rid"]) != RID_LENGTH:  # not a generation's (a worker's probe of the server)
+            continue
         r = Request(
             d["rid"], d["arrived_s"], d["started_s"], d["ended_s"], d["completion_tokens"], d["finish"]
         )
