@@ -186,15 +186,33 @@ end
 -- the number of them. Where fewer run than the servers take (a budget's first generations start a few at
 -- a time, as their tasks are taken), the count is what will run: the slots of the dataset's servers
 -- (``slots``, as the worker knows them), or where they are unknown the generations admitted
--- (``leased``): a first generation must not take what the next ones need.
--- Returns the horizon and the number of generations it is shared by.
-local function horizon(left, clock, now, coming, slots, leased)
-  local n = clock[1] + coming
+-- (``leased``): a first generation must not take what the next ones need. For a new generation
+-- (``budget`` given: the whole budget) where that horizon is below what a new one needs (start_least, by
+-- the slots) but what is unreserved (``left``) gives that much, the count is the running ones and as
+-- many new ones as ``left`` gives that much each: the rest of a budget starts the generations it can,
+-- instead of being held for slots it cannot fill. (Shared by every slot, the horizon fell below what a
+-- new one needs while a few generations ran: every other start was turned away, and the rest was spent
+-- by those few, each continued in turn. A budget of 6,000 tokens on 256 slots spent its second half one
+-- generation at a time.)
+-- Returns the horizon; the number of generations start_least shares the budget by; and the horizon
+-- shared by every slot (whether a start turned away should wait for what the running ones give back).
+local function horizon(left, clock, now, coming, slots, leased, budget)
+  local running = clock[1]
+  local pool = math.max(0, left) + unused_grants(clock, now)
   local expect = leased
   if slots > 0 then expect = slots end
-  if expect > n then n = expect end
-  if n < 1 then n = 1 end
-  return (math.max(0, left) + unused_grants(clock, now)) / n, n
+  local shared = math.max(running + coming, expect, 1)
+  local n = shared
+  if budget then
+    local least = math.max(1, math.min(NEW_MIN, math.floor(budget / shared)))
+    if pool / shared < least and left >= least then
+      -- the ones to start (this one and those still to come): the free slots, as many as left gives
+      -- least each
+      local starts = math.min(expect - running, math.floor(left / least))
+      n = math.max(1, running + math.max(coming, starts))
+    end
+  end
+  return pool / n, shared, pool / shared
 end
 
 -- The least grant a new generation wanting ``want`` starts with, a pool of ``pool`` tokens being shared by
@@ -209,7 +227,7 @@ end
 -- left may start one.
 local function new_may_start(left, clock, now, want, slots, leased, pool)
   if clock[1] == 0 then return left > 0 end
-  local h, n = horizon(left, clock, now, 0, slots, leased)
+  local h, n = horizon(left, clock, now, 0, slots, leased, pool)
   return h >= start_least(want, pool, n)
 end
 

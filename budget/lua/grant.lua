@@ -158,7 +158,7 @@ for i = 1, n do
       out[i] = -1
     else
       local want = math.max(1, value)
-      local h, shared = horizon(left, clk, now, coming + 1, slots, leased)
+      local h, shared, h_all = horizon(left, clk, now, coming + 1, slots, leased, budget)
       local least = start_least(want, budget, shared)
       local give = 0
       if whole_of[i] and left >= want then
@@ -175,7 +175,7 @@ for i = 1, n do
         clock_set(sid, now, give)
         set_grant(sid, give)
         out[i] = give
-      elseif h >= least then
+      elseif h_all >= least then
         out[i] = -2  -- all granted, to generations that will give some back as they end
       else
         out[i] = -3

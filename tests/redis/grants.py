@@ -44,12 +44,27 @@ def start_least(want: int, pool: int, n: int) -> int:
     return max(1, min(want, NEW_MIN, pool // max(1, n)))
 
 
+def start_horizon(
+    left: int, unused: float, running: int, coming: int, expect: int, pool: int
+) -> tuple[float, int, float]:
+    """The horizon a start is granted to (``horizon`` in _lib.lua with the budget ``pool``): as ``horizon``,
+    but where that is below the least a new one needs and ``left`` gives that much, shared by the
+    running ones and as many new ones as ``left`` gives it each. Also the count start_least divides the
+    budget by, and the horizon over every slot."""
+    h_all, shared = horizon(left, unused, running, coming, expect)
+    n = shared
+    least = max(1, min(NEW_MIN, pool // shared))
+    if h_all < least and left >= least:
+        n = max(1, running + max(coming, min(expect - running, left // least)))
+    return (max(0, left) + unused) / n, shared, h_all
+
+
 def start_grant(
     left: int, unused: float, running: int, coming: int, expect: int, want: int, pool: int
 ) -> int:
     """The grant a start ask gets (grant.lua): up to the horizon, at least start_least, never more than
     wanted or left; what is left with none running; -1 (not now) or -2 (wait) where none."""
-    h, n = horizon(left, unused, running, coming, expect)
+    h, n, h_all = start_horizon(left, unused, running, coming, expect, pool)
     least = start_least(want, pool, n)
     give = 0
     if h >= least:
@@ -60,7 +75,7 @@ def start_grant(
         give = min(want, left)
     if give > 0:
         return give
-    return -2 if h >= least else -1
+    return -2 if h_all >= least else -1
 
 
 def clock_state(client: redis.Redis, name: str = DS) -> dict[str, int]:

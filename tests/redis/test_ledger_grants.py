@@ -171,6 +171,27 @@ def test_a_start_is_turned_away_once_the_horizon_is_below_32_tokens(
     assert start(ledger, "n", "a1", 5000, slots=4) == GRANT_DROPPED
 
 
+def test_a_start_is_granted_from_what_is_left_where_the_horizon_over_every_slot_is_below_its_least(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    assert [lease(ledger, f"s{i}", want=500, slots=10) for i in range(10)] == [100] * 10
+    for i in range(9):
+        assert ledger.commit(DS, f"s{i}", "a1", 80) is CommitOutcome.COMMITTED
+    # 180 left, s9 holds 100: shared by the 10 slots, (180 + 100) / 10 = 28 is below the least of 32, and
+    # with s9 running each start used to be turned away (the 180 then went to s9's continuations alone)
+    assert horizon(180, 100, 1, 1, 10)[0] < 32
+    admitted(ledger, "n1", "n2", "n3", "n4", "n5")
+
+    got = [start(ledger, f"n{i}", "a1", 500, slots=10) for i in range(1, 6)]
+
+    # s9 and as many new ones as 180 gives 32 each: (180 + 100) / (1 + 5) = 46; then (134 + 146) / 6,
+    # (88 + 192) / 5 = 56, the last 32; then nothing is left
+    assert got == [46, 46, 56, 32, GRANT_DROPPED]
+    assert budget_taken(redis_client) == 1000
+    assert clock_agrees(redis_client)
+
+
 def test_with_none_running_the_last_of_the_budget_may_start_one(ledger: Ledger) -> None:
     make(ledger, token_budget=1000)
     commit_new(ledger, "c", 990)
