@@ -181,6 +181,12 @@ local function unused_grants(clock, now)
   return grant - math.min(grant, math.max(0, used))
 end
 
+-- The least grant a new generation wanting ``want`` starts with, a pool of ``pool`` tokens being shared by
+-- ``n`` generations (horizon): NEW_MIN, its whole want where less, an equal share of the pool where less.
+local function start_least(want, pool, n)
+  return math.max(1, math.min(want, NEW_MIN, math.floor(pool / math.max(1, n))))
+end
+
 -- The horizon: the tokens each generation running (``clock``'s, and ``coming`` about to start) may still
 -- generate before the budget is spent, ``left`` being what is unreserved: what is left and unused, over
 -- the number of them. Where fewer run than the servers take (a budget's first generations start a few at
@@ -204,7 +210,7 @@ local function horizon(left, clock, now, coming, slots, leased, budget)
   local shared = math.max(running + coming, expect, 1)
   local n = shared
   if budget then
-    local least = math.max(1, math.min(NEW_MIN, math.floor(budget / shared)))
+    local least = start_least(NEW_MIN, budget, shared)
     if pool / shared < least and left >= least then
       -- the ones to start (this one and those still to come): the free slots, as many as left gives
       -- least each
@@ -213,12 +219,6 @@ local function horizon(left, clock, now, coming, slots, leased, budget)
     end
   end
   return pool / n, shared, pool / shared
-end
-
--- The least grant a new generation wanting ``want`` starts with, a pool of ``pool`` tokens being shared by
--- ``n`` generations (horizon): NEW_MIN, its whole want where less, an equal share of the pool where less.
-local function start_least(want, pool, n)
-  return math.max(1, math.min(want, NEW_MIN, math.floor(pool / math.max(1, n))))
 end
 
 -- truncate only: whether a new generation may start now, ``left`` tokens unreserved of a pool of ``pool``:

@@ -53,7 +53,7 @@ def start_horizon(
     budget by, and the horizon over every slot."""
     h_all, shared = horizon(left, unused, running, coming, expect)
     n = shared
-    least = max(1, min(NEW_MIN, pool // shared))
+    least = start_least(NEW_MIN, pool, shared)
     if h_all < least and left >= least:
         n = max(1, running + max(coming, min(expect - running, left // least)))
     return (max(0, left) + unused) / n, shared, h_all

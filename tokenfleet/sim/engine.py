@@ -601,8 +601,8 @@ class SimEngine:
         # The server's own counters (/metrics): never reset, unlike the stats.
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        #: ``config.request_log`` while it is open: (its path, the file).
-        self._request_log: tuple[str, IO[bytes]] | None = None
+        #: ``config.request_log``, opened at the first request that ends (a knob no update changes).
+        self._request_log: IO[bytes] | None = None
 
     # lifecycle
 
@@ -620,7 +620,7 @@ class SimEngine:
                 await self._task
             self._task = None
         if self._request_log is not None:
-            self._request_log[1].close()
+            self._request_log.close()
             self._request_log = None
 
     # requests
@@ -907,9 +907,9 @@ class SimEngine:
         request.outcome = outcome
         request.finish_reason = finish_reason
         request.finished_s = time.monotonic()
-        if self.config.request_log and not request.internal:
-            self._log_request(self.config.request_log, request)
         if not request.internal:
+            if self.config.request_log:
+                self._log_request(self.config.request_log, request)
             setattr(self._counters, outcome.value, getattr(self._counters, outcome.value) + 1)
             tokens = request.produced - request.counted_from
             if tokens:
@@ -918,10 +918,8 @@ class SimEngine:
 
     def _log_request(self, path: str, request: SimRequest) -> None:
         """One line of ``path`` (``--request-log``) for ``request``, which just ended."""
-        if self._request_log is None or self._request_log[0] != path:
-            if self._request_log is not None:
-                self._request_log[1].close()
-            self._request_log = (path, open(path, "ab"))  # noqa: SIM115 (closed by stop or the next path)
+        if self._request_log is None:
+            self._request_log = open(path, "ab")  # noqa: SIM115 (closed by stop)
         line = {
             "rid": request.rid,
             "arrived_s": round(request.created_s, 4),
@@ -931,5 +929,5 @@ class SimEngine:
             "completion_tokens": request.produced,
             "finish": (request.finish_reason or {}).get("type"),
         }
-        self._request_log[1].write(orjson.dumps(line) + b"\n")
-        self._request_log[1].flush()
+        self._request_log.write(orjson.dumps(line) + b"\n")
+        self._request_log.flush()
