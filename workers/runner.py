@@ -270,7 +270,9 @@ class SampleRunner:
                 self.keeper.hold(dataset, sids[i], attempt_ids[i]),
                 folder,
                 group.results[i][1],
-                want=wants[i] or int(spec.sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
+                # the first group a process admits of a dataset learns its spec here: a conversation's
+                # want was max_new_tokens alone, and its replies were cut at a third of what they needed
+                want=wants[i] or self._want(dataset, samples[i]),
             )
             for i in admitted
         ]
@@ -294,14 +296,14 @@ class SampleRunner:
 
     def _want(self, dataset: str, sample: dict[str, Any]) -> int:
         """The most tokens ``sample``'s generation may produce, for its reservation: max_new_tokens, times
-        the replies of a conversation that regenerates several. 0 (the dataset's max_new_tokens, as the
-        ledger knows it) before this process has seen the dataset's spec."""
+        the replies of a conversation that regenerates several (SGLang's default where the dataset sets
+        none). 0 before this process has seen the dataset's spec: its admission sends it."""
         spec = self._specs.get(dataset)
         if spec is None:
             return 0
         max_new = int(spec.sampling.get("max_new_tokens") or 0)
         if max_new <= 0:
-            return 0
+            max_new = DEFAULT_MAX_NEW_TOKENS
         try:
             conversation = Conversation.of(sample, spec, dataset)
         except Exception:  # a malformed conversation fails in _generate, with its reason
