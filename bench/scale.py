@@ -61,6 +61,7 @@ from budget import CommitItem, DatasetLimits, Ledger
 from budget.scripts import SCRIPT_NAMES, script_source
 from budget.server_board import ServerLedger
 from tests.support.files import write_config
+from tests.support.tokenizer import EOS_ID, WORDS, make_chat_tokenizer, vocab_size
 from tokenfleet.config import load_config
 from tokenfleet.processes import (
     embedded_redis,
@@ -279,17 +280,53 @@ def run_fleet(
     extra: str = "",
     sampling: dict[str, Any] | None = None,
     policy: str = "truncate",
-    as_text: bool = False,
+    kind: str = "ids",
 ) -> tuple[str, dict[str, float]]:
+    """One dataset of ``rows``, sent as ids, or (``kind``) as text the server tokenizes (the simulator byte by
+    byte), or as conversations of two replies, both regenerated (``chat_rows``; the simulator must draw
+    from ``CHAT_SIM``'s vocabulary)."""
     name = f"scale_{uuid.uuid4().hex[:8]}"
-    # as_text: the same prompts as text (the server tokenizes them: the simulator byte by byte)
-    prompt_of = (lambda r: {"text": " ".join(map(str, r))}) if as_text else (lambda r: {"input_ids": r})
-    dataset: dict[str, Any] = {"name": name, "rows": [prompt_of(r) for r in rows]}
+    dataset: dict[str, Any] = {"name": name}
+    top: dict[str, Any] = {}
+    if kind == "chat":
+        dataset |= {"rows": chat_rows(rows), "regenerate": "all"}
+        top["tokenizer"] = str(make_chat_tokenizer(folder / "tokenizer"))
+    elif kind == "text":
+        dataset["rows"] = [{"text": " ".join(map(str, r))} for r in rows]
+    else:
+        dataset["rows"] = [{"input_ids": r} for r in rows]
     if token_budget is not None:
         dataset |= {"token_budget": token_budget, "on_budget": policy}
-    elapsed = run_datasets(url, redis_url, [dataset], max_new_tokens, folder, extra=extra, sampling=sampling)
+    elapsed = run_datasets(
+        url, redis_url, [dataset], max_new_tokens, folder, extra=extra, sampling=sampling, top=top
+    )
     snap = Ledger.from_url(redis_url).snapshot(name)
     return name, {"tokens": snap.tokens, "samples": snap.samples, "elapsed_s": elapsed}
+
+
+#: The simulator's vocabulary for conversations: the words of the tokenizer ``make_chat_tokenizer`` builds,
+#: so that every reply it draws decodes to words that template back to the same ids.
+CHAT_SIM: dict[str, Any] = {"vocab_size": vocab_size(), "eos_token_id": EOS_ID}
+
+
+def chat_rows(rows: list[list[int]]) -> list[dict[str, Any]]:
+    """Conversations of two user / assistant exchanges, one per prompt of ``rows``, in the words of
+    ``make_chat_tokenizer``."""
+    words = WORDS
+    out = []
+    for r in rows:
+        question = " ".join(words[i % len(words)] for i in r[:8])
+        out.append(
+            {
+                "messages": [
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": "w1"},
+                    {"role": "user", "content": "tell me more"},
+                    {"role": "assistant", "content": "w2"},
+                ]
+            }
+        )
+    return out
 
 
 def run_datasets(
@@ -301,6 +338,7 @@ def run_datasets(
     *,
     extra: str = "",
     sampling: dict[str, Any] | None = None,
+    top: dict[str, Any] | None = None,
 ) -> float:
     """One ``tokenfleet submit`` of ``datasets`` (config tables) on the simulator at ``url`` with the
     default worker; returns its seconds."""
@@ -310,6 +348,7 @@ def run_datasets(
         servers=[url],
         datasets=datasets,
         sampling={"max_new_tokens": max_new_tokens, "temperature": 0.7} | (sampling or {}),
+        top=top,
     )
     text = config.read_text().replace('output_dir = "out"', f'output_dir = "out"\n{extra}')
     # the tests' 60 s request timeout is too short for 2,000-token answers at 50 tokens/s: the default
@@ -727,7 +766,8 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                 if args.speed_timeline
                 else None
             )
-            with fleet_stack(args, inflight, w["sim"], request_log=log) as (tmp, redis_url, url):
+            sim = w["sim"] | (CHAT_SIM if args.speed_prompts == "chat" else {})
+            with fleet_stack(args, inflight, sim, request_log=log) as (tmp, redis_url, url):
                 # enough prompts for the budget and a full server to its end, whatever the lengths drawn
                 n = int(budget / mean * 1.3) + 2 * inflight
                 cells: dict[str, list[dict[str, float]]] = {}
@@ -745,7 +785,7 @@ def section_budget_speed(args: argparse.Namespace) -> list[str]:
                                 tmp / f"{policy}{i}",
                                 token_budget=None if policy == "none" else budget,
                                 policy=policy,
-                                as_text=args.speed_prompts == "text",
+                                kind=args.speed_prompts,
                             )
                         snap = Ledger.from_url(redis_url).snapshot(name)
                         if snap.samples == 0:
@@ -1186,9 +1226,10 @@ def main() -> int:
     p.add_argument("--speed-inflight", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument(
         "--speed-prompts",
-        choices=["ids", "text"],
+        choices=["ids", "text", "chat"],
         default="ids",
-        help="budget-speed: the prompts as token ids, or as text the server tokenizes",
+        help="budget-speed: the prompts as token ids, as text the server tokenizes, or as conversations of "
+        "two replies regenerated (the simulator drawing from a small tokenizer's words)",
     )
     p.add_argument(
         "--speed-workloads", nargs="+", default=["mean400", "mean2000"], choices=list(SPEED_WORKLOADS)

@@ -18,7 +18,8 @@ ledger call per dataset.
 
 A sample whose prompt is exact token ids is continued with them; a text prompt with the ids the server's
 ``/tokenize`` gives for it (``SampleRunner._prompt_ids``, checked against the prompt's length the first
-request reported). A conversation of several replies, each templated, is cut at its grant.
+request reported). A conversation of several replies asks for more for the whole conversation and
+continues the reply its grant ended the same way (``workers/conversation.py``).
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def request_rate(gen: Generation, wall_s: float) -> float:
     return tokens / seconds if tokens > 0 and seconds > 0 else 0.0
 
 
-def can_continue(sample: Mapping[str, Any], is_conversation: bool) -> bool:
-    """Whether a generation of ``sample`` can go on past a grant in a new request (its prompt is ids)."""
-    return not is_conversation and bool(sample.get("input_ids"))
+def can_continue(sample: Mapping[str, Any]) -> bool:
+    """Whether a generation of ``sample`` can go on past a grant in a new request whatever its server: its
+    prompt is ids (a conversation's replies are each continued from their templated ids)."""
+    return bool(sample.get("input_ids"))
 
 
 def ended_at_grant(gen: Generation, sent_max_new: int) -> bool:
@@ -100,10 +102,13 @@ def ended_at_grant(gen: Generation, sent_max_new: int) -> bool:
 def requests_taken(gen: Generation) -> int:
     """The server requests ``gen`` took: one per reply of a conversation, one per grant of a continued
     generation (``joined`` counts them), else one. A record carries it as ``requests``."""
+    counted = gen.meta_info.get(REQUESTS_FIELD)
+    if counted:
+        return int(counted)
     turns = getattr(gen, "turns", None)
     if isinstance(turns, list) and turns:
         return len(turns)
-    return int(gen.meta_info.get(REQUESTS_FIELD) or 1)
+    return 1
 
 
 def continued_prompt(prompt_ids: Sequence[int], so_far: Generation) -> list[int]:

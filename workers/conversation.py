@@ -18,6 +18,7 @@ prompt length), ``completion_tokens`` over every reply (what the ledger counted)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,14 @@ from typing import Any
 from budget.spec import DatasetSpec
 from budget.urls import redact_url
 from chat.templates import ChatError, ChatTokenizer, count_replies, load_chat_tokenizer, prompt_messages
+from workers.continuation import (
+    REQUESTS_FIELD,
+    continued_prompt,
+    ended_at_grant,
+    joined,
+    request_rate,
+    requests_taken,
+)
 from workers.rids import new_rid
 from workers.sglang.client import (
     Generation,
@@ -34,6 +43,7 @@ from workers.sglang.client import (
     SGLangClient,
     StopHandle,
 )
+from workers.sglang.protocol import SGLANG_DEFAULT_MAX_NEW_TOKENS
 
 __all__ = ["Conversation", "ConversationError", "ConversationGeneration", "record_fields"]
 
@@ -86,9 +96,20 @@ class Conversation:
         self.generations: list[Generation] = []
         self.prompts: list[list[int]] = []
         self.contents: list[str] = []
-        #: The token budget's reservation for every reply together (0: none): each reply is sent with
+        #: The token budget's grant for every reply together (0: none): each request is sent with
         #: ``max_new_tokens`` at most what is left of it.
         self.cap = 0
+        #: Asks the budget for more for the whole conversation (truncate, granted at send time), given the
+        #: tokens it may still want and the last request's tokens/s: returns the grant in all after the ask
+        #: (no more than ``cap``: the budget has none to give; 0 or less: the lease is lost). None: a reply
+        #: that reaches ``cap`` ends the conversation there, cut.
+        self.more: Callable[[int, float], int] | None = None
+        #: The most tokens every reply together may produce (its grant's want: what ``more`` asks up to).
+        self.want = 0
+        #: The lease was found lost when asking for more: nothing of this attempt may be kept.
+        self.lost = False
+        #: The tokens/s of its last request (the dataset's speed, for the grants).
+        self.rate = 0.0
 
     @classmethod
     def of(cls, sample: Mapping[str, Any], spec: DatasetSpec, dataset: str) -> Conversation | None:
@@ -143,16 +164,13 @@ class Conversation:
         stall_timeout_s: float | None = None,
     ) -> Generation:
         chat = self._tokenizer()
-        max_new = int(sampling_params.get("max_new_tokens") or 0)
+        reply_max = int(sampling_params.get("max_new_tokens") or 0) or SGLANG_DEFAULT_MAX_NEW_TOKENS
         while len(self.generations) < self.replies:
             reply = len(self.generations)
-            params = sampling_params
-            if self.cap:
-                left = self.cap - self.kept_tokens
-                if left <= 0:
-                    return self._result(chat, ended_early=f"reply {reply + 1}: the token budget is reached")
-                if not max_new or left < max_new:
-                    params = {**sampling_params, "max_new_tokens": left}
+            if self.cap and self.cap <= self.kept_tokens and not self._grown(self.rate):
+                if self.lost:
+                    return self._result(chat, ended_early=f"reply {reply + 1}: the lease was lost")
+                return self._result(chat, ended_early=f"reply {reply + 1}: the token budget is reached")
             if reply == 0:
                 prompt = self.first_prompt
             else:
@@ -167,17 +185,40 @@ class Conversation:
                 reported += n
                 return on_tokens(n)
 
-            try:
+            def send(ids: list[int], rid: str, so_far: int) -> tuple[Generation, int]:
+                """One request of the reply, ``so_far`` of its tokens generated before it: the reply's
+                max_new_tokens, or what is left of the budget's grant where that is less (then also the
+                number sent; else 0)."""
+                params, capped = sampling_params, 0
+                left = self.cap - self.kept_tokens - so_far
+                if self.cap and left < reply_max - so_far:
+                    params, capped = {**sampling_params, "max_new_tokens": left}, left
+                elif so_far:
+                    params = {**sampling_params, "max_new_tokens": reply_max - so_far}
+                sent_at = time.monotonic()
                 gen = client.generate(
                     server,
                     rid=rid,
                     sampling_params=params,
-                    input_ids=prompt,
+                    input_ids=ids,
                     timeout_s=timeout_s,
                     on_tokens=counted,
                     stop=stop,
                     stall_timeout_s=stall_timeout_s,
                 )
+                self.rate = request_rate(gen, time.monotonic() - sent_at)
+                return gen, capped
+
+            try:
+                gen, capped = send(prompt, rid, 0)
+                last = gen
+                # the grant ended the reply, not its max_new_tokens: it goes on where the budget gives
+                # more, the prompt and the reply so far sent again (a prefix-cache hit), as a generation
+                # of one reply does (workers/continuation.py)
+                while capped and ended_at_grant(last, capped) and self._grown(self.rate):
+                    more_rid = new_rid(self.dataset)
+                    last, capped = send(continued_prompt(prompt, gen), more_rid, gen.completion_tokens)
+                    gen = joined(gen, last)
             except RequestRejected as e:
                 if reply == 0:
                     raise
@@ -195,11 +236,26 @@ class Conversation:
             unreported = gen.completion_tokens - reported
             if reply + 1 < self.replies and unreported > 0 and not on_tokens(unreported):
                 return self._result(chat)
-            if params is not sampling_params and (gen.finish_reason or {}).get("type") == "length":
-                # cut by the reservation, not by max_new_tokens: the conversation ends at the budget
+            if self.lost:
+                return self._result(chat, ended_early=f"reply {reply + 1}: the lease was lost")
+            if capped and ended_at_grant(last, capped):
+                # the budget has no more to give: the conversation ends at it
                 return self._result(chat, ended_early=f"reply {reply + 1}: cut at the token budget")
             keep_turn()
         return self._result(chat)
+
+    def _grown(self, rate: float) -> bool:
+        """Whether the budget granted the conversation more (``more``): it reached its grant."""
+        if self.more is None:
+            return False
+        after = self.more(self.want - self.cap, rate) if self.want > self.cap else self.cap
+        if after <= 0:
+            self.lost = True
+            return False
+        if after <= self.cap:
+            return False
+        self.cap = after
+        return True
 
     def _result(
         self,
@@ -235,7 +291,8 @@ class Conversation:
             finish_reason=last.finish_reason,
             prompt_tokens=len(last_prompt),
             completion_tokens=sum(g.completion_tokens for g in gens),
-            meta_info=last.meta_info,
+            # a continued reply took more than one request
+            meta_info={**last.meta_info, REQUESTS_FIELD: sum(requests_taken(g) for g in gens)},
             stopped_by_us=last.stopped_by_us,
             turns=turns,
             prompt_ids=last_prompt,

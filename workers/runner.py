@@ -8,6 +8,7 @@ the commit is exactly-once per sample (the done hash), so a second generation is
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -38,7 +39,7 @@ from workers.continuation import (
     request_rate,
     requests_taken,
 )
-from workers.conversation import Conversation, ConversationGeneration, record_fields, several_replies
+from workers.conversation import Conversation, ConversationGeneration, record_fields
 from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard, worst_record_bytes
 from workers.rids import new_rid
@@ -219,7 +220,7 @@ class SampleRunner:
             return [Outcome("dropped", f"output_unwritable: {problem}") for _ in samples], []
         attempt_ids = [uuid.uuid4().hex[:16] for _ in samples]
         wants = [self._want(dataset, s) for s in samples]
-        wholes = [not can_continue(s, s.get("conversation") is not None) for s in samples]
+        wholes = [not can_continue(s) for s in samples]
         fit, problem = self._room_for(dataset, sids, samples, wants)
         if fit < len(samples):  # no room for the records of the rest: not generated, fed again
             if fit == 0:
@@ -341,6 +342,10 @@ class SampleRunner:
         grant = max(0, a.cap)
         if grant:
             self._cap_at(sampling, conversation, grant)
+        if conversation is not None and a.cap == GRANT_AT_SEND:
+            # every reply together is granted and continued (workers/conversation.py)
+            conversation.want = a.want
+            conversation.more = functools.partial(self.grants.more, a.dataset, a.sid, a.attempt)
         problem = out_of_vocabulary(a.sample.get("input_ids"), spec.vocab_size)
         if problem:  # the producer rejects such lines; this guards a server from one that got through
             return self._fail(a, problem, 0)
@@ -421,6 +426,10 @@ class SampleRunner:
                                 stall_timeout_s=spec.stall_timeout_s,
                             )
                             rate = request_rate(gen, time.monotonic() - sent_at)
+                            if conversation is not None:  # its grant grew as its replies asked for more
+                                grant, rate = conversation.cap, conversation.rate
+                                if conversation.lost:
+                                    stop = (Progress.LOST, "")
                             sent = int(params.get("max_new_tokens") or 0)
                             continuable = conversation is None and self._continuable(a, server)
                             prompt_ids: list[int] | None = None
@@ -527,16 +536,14 @@ class SampleRunner:
         else:
             sampling["max_new_tokens"] = min(int(sampling.get("max_new_tokens") or grant), grant)
 
-    def _continuable(self, a: Attempt, server: str, at_start: bool = False) -> bool:
-        """Whether ``a``'s generation can go on past a grant on ``server``: a prompt of ids, or a text
-        prompt where the server tokenizes it for the continuation (``/tokenize``; a server that could not
-        is not asked again by this process). A conversation that regenerates several replies cannot. A
-        prompt of ids templated from a conversation (``at_start``: the kind of its first grant) is granted
-        whole, as it always was, and continued where a grant ended it."""
-        if several_replies(a.sample):
-            return False
+    def _continuable(self, a: Attempt, server: str) -> bool:
+        """Whether ``a``'s generation can go on past a grant on ``server``: a prompt of ids (a conversation's
+        too: each reply is continued, workers/conversation.py), or a text prompt where the server tokenizes
+        it for the continuation (``/tokenize``; a server that could not is not asked again by this
+        process). One that cannot is granted its whole want (``GrantKind.WHOLE``): reserving every
+        generation's max_new_tokens held a budget's concurrency to what is left over max_new_tokens."""
         if a.sample.get("input_ids"):
-            return not at_start or a.sample.get("conversation") is None
+            return True
         return isinstance(a.sample.get("text"), str) and server not in self._no_tokenize
 
     def _prompt_ids(self, a: Attempt, server: str, gen: Generation) -> list[int] | None:
@@ -564,7 +571,7 @@ class SampleRunner:
         asked again while the budget is all granted to generations that give some back as they end."""
         deadline = time.monotonic() + GRANT_WAIT_MAX_S
         while True:
-            whole = not self._continuable(a, server, at_start=True)
+            whole = not self._continuable(a, server)
             got = self.grants.start(a.dataset, a.sid, a.attempt, a.want, _slots_of(a.spec), whole)
             if got != GRANT_WAIT or handle.requested or time.monotonic() >= deadline:
                 return GRANT_NOT_NOW if got == GRANT_WAIT else got

@@ -306,10 +306,9 @@ def test_a_budget_truncates_conversations_and_specforge_leaves_them_out_unless_a
     assert snap.state == "exhausted"
     # every reply's tokens counted, and no reply passed the budget: each was capped by its reservation
     assert snap.tokens == sum(r["completion_tokens"] for r in records) <= 120
-    # A conversation cannot be continued past its grant: it is granted every reply's max_new_tokens or
-    # waits while others run, so only the last of the budget cuts one (cut at a horizon's share, 6 to 8 of
-    # 12 were, some after a token, and the run could settle with the budget unspent)
-    assert snap.truncated == len(truncated) == 1
+    # the budget spent to the token: conversations are continued past their grants, cut only at its end
+    assert snap.tokens == 120
+    assert truncated and snap.truncated == len(truncated) < len(records)
     for r in truncated:
         assert r["completion_tokens"] == sum(len(t["output_ids"]) for t in replies_of(r))
 
@@ -329,6 +328,50 @@ def test_a_budget_truncates_conversations_and_specforge_leaves_them_out_unless_a
         assert len(conversations) == 2 * len(replies_of(r))
         if "turns" in r:
             assert conversations[-1]["content"] == r["turns"][-1]["content"]
+
+
+def test_budgeted_conversations_go_on_past_their_grants_with_the_replies_an_unbudgeted_run_gives(
+    workers: Any,
+    fleet_redis_url: str,
+    fleet_ledger: Ledger,
+    chat_sim: Sim,
+    tokenizer_dir: Path,
+    tmp_path: Path,
+) -> None:
+    # 24 conversations of 3 replies want about 720 tokens; 400 of them over the server's slots are shares
+    # below what a reply needs: conversations run side by side on shares of the budget (not one whole
+    # want each at a time) and a reply that reaches its grant goes on in a new request
+    free, budgeted = unique("regen_free"), unique("regen_shared")
+    rows = [{"id": f"c{i}", "messages": chat(i, 3)} for i in range(24)]
+    config = write_config(
+        tmp_path,
+        redis_url=fleet_redis_url,
+        servers=[chat_sim.url],
+        datasets=[
+            {"name": free, "rows": rows, "regenerate": "all"},
+            {"name": budgeted, "rows": rows, "regenerate": "all", "token_budget": 400},
+        ],
+        sampling=SAMPLING,
+        top={"tokenizer": str(tokenizer_dir)},
+    )
+
+    assert submit(config) == 0
+
+    snap = fleet_ledger.snapshot(budgeted)
+    assert (snap.state, snap.tokens) == ("exhausted", 400)
+    whole = {r["id"]: r for r in export(fleet_ledger, free, tmp_path)}
+    records = export(fleet_ledger, budgeted, tmp_path)
+    assert sum(r["completion_tokens"] for r in records) == 400
+    assert any(r["requests"] > len(replies_of(r)) for r in records)  # replies went on past a grant
+    for r in records:
+        got = [t["output_ids"] for t in replies_of(r)]
+        want = [t["output_ids"] for t in replies_of(whole[r["id"]])]
+        if r["truncated"]:  # the replies before the cut, whole; the cut one, the beginning of its reply
+            assert got[:-1] == want[: len(got) - 1] and got[-1] == want[len(got) - 1][: len(got[-1])], r["id"]
+        else:  # continued or not, each reply is the one a single request gives
+            assert got == want, r["id"]
+    # cut only at the budget's end: at most one conversation per slot the server runs
+    assert snap.truncated <= chat_sim.server.config.batch_size
 
 
 def test_an_over_long_prompt_is_rejected_at_submit_with_its_line_and_never_sent(

@@ -15,6 +15,7 @@ from budget.spec import DatasetSpec
 from chat.templates import load_chat_tokenizer
 from producer.source import RecordReader, Sample, SourceOptions
 from tests.support.tokenizer import CHATML, EOS_ID, make_chat_tokenizer, reference_ids
+from workers.continuation import requests_taken
 from workers.conversation import Conversation, ConversationError, ConversationGeneration, record_fields
 from workers.sglang.client import Generation, RequestRejected, ServerUnavailable
 
@@ -58,6 +59,10 @@ class ScriptedClient:
         call = len(self.prompts)
         self.prompts.append(list(input_ids))
         out = self.reply_for(input_ids)
+        limit = int(sampling_params.get("max_new_tokens") or 0)
+        capped = 0 < limit < len(out)
+        if capped:  # cut at max_new_tokens, as a server does
+            out = out[:limit]
         produced: list[int] = []
         stopped = False
         for start in range(0, len(out), CHUNK):
@@ -70,6 +75,8 @@ class ScriptedClient:
         if call in self.fail:
             raise self.fail[call]
         finish = {"type": "abort", "message": "Aborted"} if stopped else {"type": "stop", "matched": EOS_ID}
+        if capped and not stopped:
+            finish = {"type": "length", "length": limit}
         return Generation(
             rid, server, produced, "", finish, len(input_ids), len(produced), stopped_by_us=stopped
         )
@@ -209,6 +216,89 @@ def test_a_budget_reached_between_replies_ends_the_conversation_there(tokenizer_
     assert len(client.prompts) == 1
     assert [len(t["output_ids"]) for t in gen.turns] == [6]
     assert (gen.completion_tokens, run.total, gen.stopped_by_us) == (6, 6, False)
+
+
+class Budget:
+    """The ledger's side of ``Conversation.more``: each ask's tokens wanted, answered with the grant in all
+    ``give`` says (the grant before it, ``cap``, and the tokens wanted -> the grant after)."""
+
+    def __init__(self, conversation: Conversation, give: Callable[[int, int], int]) -> None:
+        self.conversation, self.give = conversation, give
+        self.asks: list[int] = []
+
+    def more(self, wanted: int, rate: float) -> int:
+        self.asks.append(wanted)
+        return self.give(self.conversation.cap, wanted)
+
+
+def granted(tokenizer_dir: Path, cap: int, give: Callable[[int, int], int]) -> tuple[Conversation, Budget]:
+    """A conversation of three replies granted ``cap`` tokens of a truncate budget, wanting 128 a reply."""
+    conversation = Conversation.of(sample_of(tokenizer_dir), spec_of(tokenizer_dir), "ds")
+    assert conversation is not None
+    conversation.cap, conversation.want = cap, 3 * 128
+    budget = Budget(conversation, give)
+    conversation.more = budget.more
+    return conversation, budget
+
+
+def test_a_reply_that_reaches_the_conversations_grant_goes_on_from_its_ids_where_the_budget_gives_more(
+    tokenizer_dir: Path,
+) -> None:
+    conversation, budget = granted(tokenizer_dir, 4, lambda cap, wanted: cap + 100)
+    client = ScriptedClient()
+
+    gen = generate(conversation, client, Run())
+
+    assert isinstance(gen, ConversationGeneration)
+    # the first reply (6 tokens) was sent with the 4 granted, then went on with the prompt and those 4
+    first_part = ScriptedClient.reply_for(client.prompts[0])[:4]
+    assert client.prompts[1] == client.prompts[0] + first_part
+    assert gen.turns[0]["output_ids"] == first_part + ScriptedClient.reply_for(client.prompts[1])
+    assert budget.asks == [3 * 128 - 4]  # once, for what the conversation may still want
+    assert conversation.cap == 104
+    assert len(gen.turns) == 3 and not gen.cut_by_cap and gen.ended_early is None
+    assert gen.completion_tokens == sum(len(t["output_ids"]) for t in gen.turns) <= 104
+    assert requests_taken(gen) == 4  # three replies, the first in two requests
+
+
+def test_a_reply_that_reaches_the_grant_where_the_budget_has_no_more_ends_the_conversation_cut(
+    tokenizer_dir: Path,
+) -> None:
+    conversation, budget = granted(tokenizer_dir, 4, lambda cap, wanted: cap)
+    client = ScriptedClient()
+
+    gen = generate(conversation, client, Run())
+
+    assert isinstance(gen, ConversationGeneration)
+    assert len(client.prompts) == 1 and budget.asks == [3 * 128 - 4]
+    assert [len(t["output_ids"]) for t in gen.turns] == [4]
+    assert gen.cut_by_cap and not conversation.lost
+
+
+def test_a_conversation_whose_lease_is_lost_when_it_asks_for_more_says_so_and_sends_nothing_more(
+    tokenizer_dir: Path,
+) -> None:
+    conversation, _ = granted(tokenizer_dir, 4, lambda cap, wanted: 0)
+    client = ScriptedClient()
+
+    gen = generate(conversation, client, Run())
+
+    assert isinstance(gen, ConversationGeneration)
+    assert len(client.prompts) == 1
+    assert conversation.lost and not gen.cut_by_cap
+
+
+def test_a_reply_ended_exactly_at_the_grant_asks_for_more_before_the_next_reply(tokenizer_dir: Path) -> None:
+    # the first reply is 6 tokens: granted 6, it ends whole at the grant, and the second needs more
+    conversation, budget = granted(tokenizer_dir, 6, lambda cap, wanted: cap + 20)
+    client = ScriptedClient()
+
+    gen = generate(conversation, client, Run())
+
+    assert isinstance(gen, ConversationGeneration)
+    assert len(gen.turns) == 3 and not gen.cut_by_cap
+    assert budget.asks[0] == 3 * 128 - 6
+    assert client.prompts[1] != client.prompts[0] + ScriptedClient.reply_for(client.prompts[0])
 
 
 def test_a_template_that_rewrites_history_marks_earlier_replies_as_not_in_context(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ the next request sends, and how the pieces join into one generation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from workers.continuation import (
     REQUESTS_FIELD,
     can_continue,
@@ -61,10 +63,10 @@ def test_joined_pieces_read_as_one_generation_of_the_first_prompt_with_the_last_
     assert capped.finish_reason == {"type": "length", "length": 5}
 
 
-def test_only_a_prompt_of_ids_outside_a_conversation_can_be_continued() -> None:
-    assert can_continue({"input_ids": [1, 2]}, is_conversation=False)
-    assert not can_continue({"text": "hello"}, is_conversation=False)
-    assert not can_continue({"input_ids": [1, 2]}, is_conversation=True)
+def test_a_prompt_of_ids_can_be_continued_on_any_server_a_text_prompt_only_where_it_tokenizes() -> None:
+    assert can_continue({"input_ids": [1, 2]})
+    assert can_continue({"input_ids": [1, 2], "conversation": [{"role": "user", "content": "hi"}]})
+    assert not can_continue({"text": "hello"})
 
 
 def test_a_record_counts_one_request_per_grant_and_one_per_reply_of_a_conversation() -> None:
@@ -83,3 +85,5 @@ def test_a_record_counts_one_request_per_grant_and_one_per_reply_of_a_conversati
         turns=[{"rid": "r1"}, {"rid": "r2"}],
     )
     assert requests_taken(replies) == 2
+    # a conversation whose replies were continued says how many requests they took in all
+    assert requests_taken(replace(replies, meta_info={REQUESTS_FIELD: 3})) == 3
