@@ -89,7 +89,7 @@ def resume_pass(url: str, name: str, source: str, tmpdir: str) -> tuple[float, f
     feeder = Feeder(ledger, TaskPublisher(make_app(url)), [feed], window=512, queue_key=QUEUE_NAME)
     t = time.monotonic()
     feed.start_pass()
-    feeder._feed(feed)
+    feeder._feed(feed, 512)  # done samples take no room: the whole source is read
     return time.monotonic() - t, peak_rss_mib()
 
 
@@ -118,7 +118,7 @@ def main() -> int:
         feeder = Feeder(ledger, TaskPublisher(app), [feed], window=args.enqueue, queue_key=QUEUE_NAME)
         t = time.monotonic()
         feed.start_pass()
-        feeder._feed(feed)  # one call fills the window: exactly args.enqueue tasks
+        feeder._feed(feed, args.enqueue)  # one call fills the window: exactly args.enqueue tasks
         enqueue_s = time.monotonic() - t
         queued = ledger.snapshot(name).queued
         queue_bytes = ledger.client.memory_usage(QUEUE_NAME) or 0

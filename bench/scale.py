@@ -314,10 +314,11 @@ def chat_rows(rows: list[list[int]]) -> list[dict[str, Any]]:
     ``make_chat_tokenizer``."""
     words = WORDS
     out = []
-    for r in rows:
+    for n, r in enumerate(rows):
         question = " ".join(words[i % len(words)] for i in r[:8])
         out.append(
             {
+                "id": f"chat-{n}",
                 "messages": [
                     {"role": "user", "content": question},
                     {"role": "assistant", "content": "w1"},

@@ -183,7 +183,8 @@ class AdmitResult:
 
 class GrantKind(enum.StrEnum):
     START = "start"
-    #: A start of a generation that cannot be continued past a grant (a text prompt, a conversation).
+    #: A start of a generation that cannot be continued past a grant (a text prompt on a server that cannot
+    #: tokenize it).
     WHOLE = "whole"
     MORE = "more"
     END = "end"

@@ -7,10 +7,9 @@
 --       ask: sid, attempt, kind, value, rate:
 --   start  (truncate) value: the most tokens its generation may produce: its first grant, now that it
 --          has a server slot
---   whole  the same, for a generation that cannot be continued past a grant (a conversation of several
---          replies; a text prompt on a server that cannot tokenize it): its whole want while that much
---          is left; past that, none (-2) while generations run that may give some back, and what is left
---          (cut there) once none runs
+--   whole  the same, for a generation that cannot be continued past a grant (a text prompt on a server
+--          that cannot tokenize it): its whole want while that much is left; past that, as a start (cut
+--          there; held for its whole want instead, such starts ran one at a time at the budget's end)
 --   more   value: the most tokens more it may still produce: it reached its grant and its answer may go on
 --   end    value: the tokens it produced in all: it ended before its grant, and the rest goes back now
 --          (before its slot goes to the next generation, which is granted from it)
@@ -162,13 +161,8 @@ for i = 1, n do
       local h, shared, h_all = horizon(left, clk, now, coming + 1, slots, leased, budget)
       local least = start_least(want, budget, shared)
       local give = 0
-      if whole_of[i] then
-        -- it cannot be continued: granted less than its want, it is cut there, its answer lost to the
-        -- budget's tokens. So it waits (-2) while generations run, which give back what they do not use:
-        -- granted a horizon's share instead, conversations of a budget of 120 tokens were cut after 1 or
-        -- 2 tokens while the whole ones ended below their grants, and the run settled with 15 of the 120
-        -- unspent and every sample done.
-        if left >= want then give = want end
+      if whole_of[i] and left >= want then
+        give = want
       elseif h >= least then
         give = math.min(want, left, math.floor(h))
         if give < least then give = 0 end
@@ -181,8 +175,6 @@ for i = 1, n do
         clock_set(sid, now, give)
         set_grant(sid, give)
         out[i] = give
-      elseif whole_of[i] and clk[1] > 0 then
-        out[i] = -2
       elseif h_all >= least then
         out[i] = -2  -- all granted, to generations that will give some back as they end
       else
