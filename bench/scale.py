@@ -324,7 +324,7 @@ def chat_rows(rows: list[list[int]]) -> list[dict[str, Any]]:
                     {"role": "assistant", "content": "w1"},
                     {"role": "user", "content": "tell me more"},
                     {"role": "assistant", "content": "w2"},
-                ]
+                ],
             }
         )
     return out
