@@ -521,8 +521,8 @@ class SampleRunner:
                 continue
             cut = self._cut_by_reservation(a, gen, grant)
             if cut and a.spec.on_budget == "discard":
-                # one that cannot be continued (a text prompt, a conversation), granted what was left at
-                # the budget's end, reached it: discard keeps no cut answer
+                # one that cannot be continued (a text prompt a server cannot tokenize), granted what was
+                # left at the budget's end, reached it: discard keeps no cut answer
                 return self._stopped(a, gen, Progress.STOP, "")
             return self._record(a, gen, truncated=cut)
         reason = f"gave up after {spec.max_attempts} attempts: {last_error.message if last_error else '?'}"

@@ -24,6 +24,7 @@ from tests.conformance.real_server import RealServer
 from tests.support.files import read_jsonl, toml_value, write_jsonl
 from tokenfleet.export import ExportReport, export_dataset
 from tokenfleet.exports.retokenize import content_ids
+from workers.rids import dataset_tag
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(600)]
 
@@ -72,6 +73,7 @@ def write_config(folder: Path, redis_url: str, server: RealServer, datasets: lis
         write_jsonl(folder / "data" / f"{ds['name']}.jsonl", ds["rows"])
         lines += ["", "[[dataset]]", f"name = {toml_value(ds['name'])}", f'path = "data/{ds["name"]}.jsonl"']
         lines.append(f"regenerate = {toml_value(ds['regenerate'])}")
+        lines += [f"{k} = {toml_value(v)}" for k, v in ds.items() if k not in ("name", "rows", "regenerate")]
     path = folder / "tokenfleet.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -202,3 +204,40 @@ def test_specforge_loads_every_exported_row_with_exactly_the_generated_ids_under
         assert len(reported) == text.mismatches
         assert wrong <= reported, f"not reported: {sorted(wrong - reported)}"
     print(json.dumps(figures))
+
+
+def test_a_truncate_budget_on_conversations_is_spent_to_the_token_by_the_server_with_replies_continued(
+    conformance_workers: Workers,
+    fleet_redis_url: str,
+    fleet_ledger: Ledger,
+    live_server: RealServer,
+    dataset_name: Any,
+    tmp_path: Path,
+) -> None:
+    # 24 conversations of 3 replies of up to 24 tokens on 32 slots: 600 tokens are shares below a reply's
+    # max_new_tokens, so replies reach their grants and go on in new requests until the budget is spent
+    name, budget = dataset_name("chat_budget"), 600
+    rows = conversations(3, 24, MULTI_REPLIES)
+    dataset = {"name": name, "rows": rows, "regenerate": "all", "token_budget": budget}
+    config = write_config(tmp_path, fleet_redis_url, live_server, [dataset])
+    live_server.wait_idle()
+
+    assert Submit(config, "--window", "64").wait() == 0
+
+    live_server.wait_idle()
+    served = live_server.requests(dataset_tag(name))
+    records = read_jsonl(export(fleet_ledger, name, tmp_path, "tokens").path)
+    snap = fleet_ledger.snapshot(name)
+    replies = sum(len(r.get("turns") or [r]) for r in records)
+    print(
+        f"budget {budget}: {len(records)} conversations, {replies} replies in {len(served)} requests, "
+        f"{snap.truncated} cut, {sum(r.completion_tokens or 0 for r in served.values())} tokens served"
+    )
+    assert snap.state == "exhausted"
+    # every request went out with max_new_tokens within the conversation's grant: the server stopped there
+    assert snap.tokens == sum(r["completion_tokens"] for r in records) == budget
+    assert sum(r.completion_tokens or 0 for r in served.values()) == budget
+    assert snap.overdrawn_tokens == 0 and snap.reserved_tokens == 0
+    assert len(served) > replies  # replies went on past their grants
+    assert sum(r["requests"] for r in records) == len(served)
+    assert 0 < snap.truncated <= len(records)
