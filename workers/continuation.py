@@ -100,8 +100,9 @@ def ended_at_grant(gen: Generation, sent_max_new: int) -> bool:
 
 
 def requests_taken(gen: Generation) -> int:
-    """The server requests ``gen`` took: one per reply of a conversation, one per grant of a continued
-    generation (``joined`` counts them), else one. A record carries it as ``requests``."""
+    """The server requests ``gen`` took: one per grant of a continued generation (``joined`` counts them;
+    a conversation adds up its replies' counts), one per reply of a conversation that has no count, else
+    one. A record carries it as ``requests``."""
     counted = gen.meta_info.get(REQUESTS_FIELD)
     if counted:
         return int(counted)
