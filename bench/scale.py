@@ -312,10 +312,9 @@ CHAT_SIM: dict[str, Any] = {"vocab_size": vocab_size(), "eos_token_id": EOS_ID}
 def chat_rows(rows: list[list[int]]) -> list[dict[str, Any]]:
     """Conversations of two user / assistant exchanges, one per prompt of ``rows``, in the words of
     ``make_chat_tokenizer``."""
-    words = WORDS
     out = []
     for n, r in enumerate(rows):
-        question = " ".join(words[i % len(words)] for i in r[:8])
+        question = " ".join(WORDS[i % len(WORDS)] for i in r[:8])
         out.append(
             {
                 "id": f"chat-{n}",

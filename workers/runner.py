@@ -425,8 +425,9 @@ class SampleRunner:
                                 stop=request.handle,
                                 stall_timeout_s=spec.stall_timeout_s,
                             )
-                            rate = request_rate(gen, time.monotonic() - sent_at)
-                            if conversation is not None:  # its grant grew as its replies asked for more
+                            if conversation is None:
+                                rate = request_rate(gen, time.monotonic() - sent_at)
+                            else:  # its grant grew as its replies asked for more; its last request's rate
                                 grant, rate = conversation.cap, conversation.rate
                                 if conversation.lost:
                                     stop = (Progress.LOST, "")
