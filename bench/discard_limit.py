@@ -137,7 +137,8 @@ def run_budget(
     """Steps until nothing runs, tokens kept, tokens thrown away. The rule reads the live tokens as last
     reported, every ``report`` steps (the workers' lease reports). An answer: [length, tokens so far,
     tokens as last reported]."""
-    led, running, steps, thrown, stopped = Ledger(), [], 0, 0, False
+    running: list[list[int]] = []
+    led, steps, thrown, stopped = Ledger(), 0, 0, False
     while True:
         live = sum(r[2] for r in running)  # new answers add nothing until reported
         while not stopped and len(running) < slots:
@@ -219,7 +220,7 @@ def main() -> int:
         help="also price the alternative that stops what runs at the budget, starting this many times it",
     )
     args = p.parse_args()
-    cells = CELLS
+    cells: list[Cell] = list(CELLS)
     if args.slots or args.budget or args.mean:
         mean = args.mean or 400
         sigma = args.sigma or (0.5 if mean < 1000 else 0.3)
@@ -231,7 +232,12 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|")
     for slots, budget, mean, sigma, max_new in cells:
-        ours, before, known, bound, thrown, thrown_before = [], [], [], [], [], []
+        ours: list[float] = []
+        before: list[float] = []
+        known: list[float] = []
+        bound: list[float] = []
+        thrown: list[int] = []
+        thrown_before: list[int] = []
         for seed in range(args.seeds):
             base = run_none(slots, budget, lengths(mean, sigma, max_new, seed))
             for rule, times, waste in (

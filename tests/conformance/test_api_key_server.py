@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.conformance, pytest.mark.timeout(300)]
 def redis_contents(url: str) -> bytes:
     """Every key and value of the fleet's Redis database, as bytes to search."""
     client = redis.Redis.from_url(url)
-    parts: list[bytes] = []
+    parts: list[bytes | str] = []
     try:
         for key in client.scan_iter(count=1000):
             kind = client.type(key)
@@ -48,12 +48,12 @@ def redis_contents(url: str) -> bytes:
             elif kind == b"set":
                 parts += list(client.smembers(key))
             elif kind == b"zset":
-                parts += client.zrange(key, 0, -1)
+                parts += [m if isinstance(m, (bytes, str)) else repr(m) for m in client.zrange(key, 0, -1)]
             elif kind == b"stream":
-                parts += [repr(entry).encode() for entry in client.xrange(key)]
+                parts += [repr(entry) for entry in client.xrange(key) or []]
     finally:
         client.close()
-    return b"\n".join(parts)
+    return b"\n".join(p if isinstance(p, bytes) else p.encode() for p in parts)
 
 
 def files_under(*folders: Path) -> bytes:
