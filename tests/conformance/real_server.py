@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
@@ -305,25 +305,18 @@ class RealServer:
             seen = found.get(rid) or RequestRecord(rid)
             if event["event"] == "request.received":
                 obj = event["obj"]
-                seen = RequestRecord(
-                    rid,
+                seen = replace(
+                    seen,
                     received_at=_epoch(event["timestamp"]),
                     input_ids=obj.get("input_ids"),
                     text=obj.get("text"),
-                    finished_at=seen.finished_at,
-                    output_ids=seen.output_ids,
-                    finish_reason=seen.finish_reason,
-                    completion_tokens=seen.completion_tokens,
-                    ended_at=seen.ended_at,
                 )
             elif event["event"] == "request.finished":
                 out = event.get("out") or {}
                 meta = out.get("meta_info") or {}
-                seen = RequestRecord(
-                    rid,
-                    received_at=seen.received_at,
+                seen = replace(
+                    seen,
                     input_ids=seen.input_ids or event["obj"].get("input_ids"),
-                    text=seen.text,
                     finished_at=_epoch(event["timestamp"]),
                     output_ids=out.get("output_ids"),
                     finish_reason=meta.get("finish_reason"),
