@@ -282,9 +282,7 @@ def test_a_revoke_stops_the_servers_generation_for_the_dataset_within_1_second_a
     started_late = sorted(rid for rid, r in served.items() if (r.received_at or 0) > deadline)
     # A request the server aborted in its waiting queue after the deadline generated nothing.
     generating_late = sorted(
-        rid
-        for rid, r in served.items()
-        if (r.ended_at or r.finished_at or 0) > deadline and (r.completion_tokens or 0) > 0
+        rid for rid, r in served.items() if (r.end or 0) > deadline and (r.completion_tokens or 0) > 0
     )
     # Without an abort by rid (a closed stream), the server's log cannot say when the request stopped.
     no_recorded_end = sorted(rid for rid, r in served.items() if r.finished_at is None)
@@ -292,7 +290,7 @@ def test_a_revoke_stops_the_servers_generation_for_the_dataset_within_1_second_a
     assert started_late == []
     lateness = [
         (
-            round((served[rid].ended_at or served[rid].finished_at or 0) - revoked_at, 3),
+            round((served[rid].end or 0) - revoked_at, 3),
             round((served[rid].finished_at or 0) - revoked_at, 3),
             round((served[rid].received_at or 0) - revoked_at, 3),
             served[rid].completion_tokens,
