@@ -33,6 +33,7 @@ from celery.worker import state as worker_state
 
 from budget import Ledger
 from workers.app import app, settings
+from workers.collector import settle_collector
 from workers.heartbeat import Heartbeat
 from workers.leases import LeaseKeeper
 from workers.messages import DATASET_STAMP, GENERATE_GROUP_TASK, GENERATE_TASK
@@ -213,6 +214,12 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
         getattr(sender, "hostname", ""),
         threads,
     )
+
+
+@signals.worker_ready.connect
+def _settle_collector(**_: Any) -> None:
+    # after _start_heartbeat: the runner, its clients and pools are made, and stay
+    settle_collector()
 
 
 @signals.worker_shutdown.connect
