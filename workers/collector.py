@@ -21,10 +21,12 @@ from typing import Final
 
 #: Net allocations of container objects between two young collections (CPython's default: 700).
 YOUNG: Final = 50_000
-#: Young collections between two of the middle generation, and those between two full ones (CPython's
-#: defaults: 10 and 10; a full collection also waits until a quarter of the heap is new).
+#: Young collections between two of the middle generation (CPython's default: 10), and middle ones between
+#: two full ones (CPython's default, kept: cycles that lived long enough to reach the oldest generation
+#: are freed as often as before, relative to the allocations; a full collection also waits until a
+#: quarter of that generation is new). Cheap now: the frozen objects are not walked.
 MIDDLE: Final = 20
-FULL: Final = 100
+FULL: Final = 10
 
 
 def settle_collector() -> None:
