@@ -24,16 +24,25 @@ continues the reply its grant ended the same way (``workers/conversation.py``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
 from budget import GrantAsk, GrantKind, Ledger
+from budget.ledger import GRANT_WAIT
 from workers.batching import CallBatcher
 from workers.sglang.client import Generation
 
 #: The ``meta_info`` field where a continued generation says how many requests it took.
 REQUESTS_FIELD: Final = "tf_requests"
+#: A generation that reached its grant when nothing was left, while a few others of its dataset still run
+#: (they may end before their grants and give the rest back: ``MORE_WAIT_RUNNING`` in
+#: ``budget/lua/_lib.lua``), asks again this often, for at most ``MORE_WAIT_MAX_S``; then its answer ends
+#: at its grant, cut. It holds its server slot meanwhile (its continuation goes to the same server), and
+#: sends nothing.
+MORE_WAIT_S: Final = 0.02
+MORE_WAIT_MAX_S: Final = 1.0
 
 
 class Grants:
@@ -60,8 +69,18 @@ class Grants:
     def more(self, dataset: str, sample_id: str, attempt: str, more: int, rate: float) -> int:
         """The generation's grant in all after asking up to ``more`` tokens more (it reached its grant; its
         last request ran at ``rate`` tokens/s): the same when the budget has none to give, 0 when the
-        attempt lost its lease."""
-        return self._batcher.call(dataset, GrantAsk(sample_id, attempt, GrantKind.MORE, more, rate))
+        attempt lost its lease. Where the ledger says to wait for what the few generations still running
+        give back, it asks again every ``MORE_WAIT_S`` for up to ``MORE_WAIT_MAX_S``, and then once for
+        nothing more: the grant as it stands."""
+        got = self._batcher.call(dataset, GrantAsk(sample_id, attempt, GrantKind.MORE, more, rate))
+        deadline = time.monotonic() + MORE_WAIT_MAX_S
+        while got == GRANT_WAIT:
+            if time.monotonic() >= deadline:
+                more = 0
+            else:
+                time.sleep(MORE_WAIT_S)
+            got = self._batcher.call(dataset, GrantAsk(sample_id, attempt, GrantKind.MORE, more, 0.0))
+        return got
 
     def end(self, dataset: str, sample_id: str, attempt: str, tokens: int, rate: float) -> None:
         """The generation ended with ``tokens`` in all, before its grant: the rest goes back, in order

@@ -95,6 +95,12 @@ local DISCARD_SIGMAS = 2
 -- MORE_MIN where that much is left (each costs a request); one observation's weight in gen_rate.
 local NEW_MIN = 32
 local MORE_MIN = 16
+-- truncate: a generation that reached its grant and finds nothing left waits for what the others still
+-- running give back as they end (grant.lua answers it -2, ask again) while at most this many of them run;
+-- past that, it ends there, cut: another of the many will ask for what they give back. With a few left,
+-- what the last of them gave back found no one to take it, and the budget ended short of being spent
+-- (a budget of 120 on 12 conversations ended at 117 in a CI run, 2026-12-07).
+local MORE_WAIT_RUNNING = 64
 local RATE_WEIGHT = 0.05
 
 -- The tokens a budget of ``budget`` may grant in all under ``mode``.

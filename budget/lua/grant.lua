@@ -20,8 +20,9 @@
 --          find the budget spent at once cost no call each; -1 where none may start now because the
 --          dataset is not active (the worker gives it back with the state); -2 where all of the budget is
 --          granted to running generations that will give some of it back (ask again in a moment)
---   more   more than before where the budget gives more; the same where it has none to give (its answer
---          ends there, cut)
+--   more   more than before where the budget gives more; -2 where it has none now but a few others still
+--          run that may give some back as they end (ask again in a moment; an ask of 0 more answers the
+--          grant as it stands); the same where it has none to give (its answer ends there, cut)
 --   end    1: what stays reserved for it is the tokens it produced, which its commit counts
 --   0 for any ask of an attempt that no longer holds the lease (its generation must stop).
 -- Asks that end come first, and what they give back is there for the others of the call.
@@ -127,7 +128,8 @@ for i = 1, n do
   elseif kind == 'more' then
     local g = grant_of[sid]
     local add = 0
-    if grants and (state == 'active' or state == 'exhausted') and value > 0 and left > 0 then
+    local open = grants and (state == 'active' or state == 'exhausted') and value > 0
+    if open and left > 0 then
       if mode == 'discard' then
         -- a whole want or nothing (admit.lua); the last one running takes what is left
         add = math.min(value, left)
@@ -136,17 +138,29 @@ for i = 1, n do
         add = math.min(value, left, math.max(math.floor(h), MORE_MIN))
       end
     end
+    local others = clk[1]
+    if start_of[sid] then others = others - 1 end
     if add > 0 then
       left = left - add
-      if start_of[sid] then
-        -- it produced its grant: at the dataset's speed, its clock is that long ago
-        local start = start_of[sid]
+      if start_of[sid] or mode == 'truncate' then
+        -- it produced its grant: at the dataset's speed, its clock is that long ago (back on the clock
+        -- where it waited)
+        local start = start_of[sid] or now
         if rate > 0 then start = now - math.floor(g * 1000 / rate) end
         clock_set(sid, start, g + add)
       end
       set_grant(sid, g + add)
+      out[i] = grant_of[sid]
+    elseif open and mode == 'truncate' and others > 0 and others <= MORE_WAIT_RUNNING then
+      -- nothing left, and a few others run that may end before their grants: off the clock (it generates
+      -- nothing while it waits), to ask again (MORE_WAIT_RUNNING)
+      clock_off(sid)
+      out[i] = -2
+    else
+      -- its answer ends at its grant: it generates nothing more
+      if mode == 'truncate' then clock_off(sid) end
+      out[i] = g
     end
-    out[i] = grant_of[sid]
   elseif kind == 'start' then
     coming = coming - 1
     local g = grant_of[sid]

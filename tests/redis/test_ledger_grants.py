@@ -254,9 +254,51 @@ def test_more_grants_up_to_the_horizon_and_at_least_16_where_that_much_is_left(
 
     # s0 reached its 100: (60 + 900 unused) / 10 = 96, at most the 60 left
     assert more(ledger, "s0", "a1", 400, rate=80.0) == 160
-    # nothing is left now: the same grant (its answer is cut there)
-    assert more(ledger, "s1", "a1", 400) == 100
+    # nothing is left now, and eight others run that may give some back: ask again
+    assert more(ledger, "s1", "a1", 400) == GRANT_WAIT
+    # asked for nothing more: the grant as it stands (its answer is cut there)
+    assert more(ledger, "s1", "a1", 0) == 100
     assert clock_agrees(redis_client)
+
+
+def test_a_generation_that_finds_nothing_left_waits_off_the_clock_for_what_the_few_others_give_back(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=1000)
+    assert [lease(ledger, f"s{i}", want=500, slots=10) for i in range(10)] == [100] * 10
+
+    assert more(ledger, "s0", "a1", 400) == GRANT_WAIT  # all 1,000 granted; nine others run
+    # it generates nothing while it waits: off the clock, its grant still reserved
+    assert redis_client.hget(keys().clock_hash, "s0") is None
+    assert reservations(redis_client)["s0"] == 100
+    assert clock_agrees(redis_client)
+    end(ledger, "s9", "a1", 40)  # 60 back
+
+    assert more(ledger, "s0", "a1", 400) == 160  # asked again: what s9 gave back
+    assert redis_client.hget(keys().clock_hash, "s0") is not None  # running again
+    assert clock_agrees(redis_client)
+
+
+def test_the_last_generation_running_finds_nothing_left_and_ends_at_its_grant_at_once(ledger: Ledger) -> None:
+    make(ledger, token_budget=200)
+    assert [lease(ledger, f"s{i}", want=500, slots=2) for i in range(2)] == [100, 100]
+    assert more(ledger, "s0", "a1", 400) == GRANT_WAIT  # s1 runs, and may end before its grant
+    # s1 is the last running (s0 waits, off the clock): nothing can come back
+    assert more(ledger, "s1", "a1", 400) == 100
+    assert more(ledger, "s0", "a1", 400) == 100  # asked again: none runs now
+
+
+def test_with_more_than_64_others_running_a_generation_that_finds_nothing_left_ends_at_its_grant(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=6600)
+    assert [lease(ledger, f"s{i}", want=500, slots=66) for i in range(66)] == [100] * 66
+
+    # 65 others run: another of them will ask for whatever they give back
+    assert more(ledger, "s0", "a1", 400) == 100
+    # 64 others (s0 ended): this one waits
+    assert ledger.commit(DS, "s0", "a1", 100) is CommitOutcome.COMMITTED
+    assert more(ledger, "s1", "a1", 400) == GRANT_WAIT
 
 
 def test_more_is_at_least_16_where_the_horizon_is_smaller(ledger: Ledger) -> None:
@@ -699,6 +741,9 @@ def test_random_interleavings_of_starts_mores_ends_commits_and_releases_never_pa
             sid = rng.choice(sorted(running))
             attempt, grant = running[sid]
             after = more(ledger, sid, attempt, rng.randint(1, 300), rate=rng.choice([0.0, 50.0, 120.0]))
+            if after == GRANT_WAIT:  # none now; a few others run: it waits, off the clock, at its grant
+                counts["wait more"] = counts.get("wait more", 0) + 1
+                after = grant
             assert after >= grant
             counts["more" if after > grant else "cut"] += 1
             running[sid] = (attempt, after)
