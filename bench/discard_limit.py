@@ -96,7 +96,7 @@ def trusting_rule(n: int, led: Ledger, live: int, budget: int, max_new: int, exp
     beyond = (n - trusted) * max_new
     expected = trusted * mean + beyond
     need = expected + DISCARD_SIGMAS * spread * math.sqrt(trusted)
-    if exposure and beyond and led.samples:
+    if exposure and beyond and led.samples and live:
         each = min(max_new, max(mean, (led.tokens + live) / led.samples))
         if n * each < expected:
             expected, need = n * each, n * each + DISCARD_SIGMAS * spread * math.sqrt(n)

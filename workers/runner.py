@@ -89,8 +89,8 @@ def backoff_s(
 #: How long a finished generation's commit waits for others of this process to share its ledger call: at
 #: least this, up to ``COMMIT_MAX_LINGER_S`` when generations end slowly (long answers), for batches of
 #: about ``COMMIT_BATCH`` (a commit's Redis cost is mostly per call); never while every generation of the
-#: process waits to commit, nor past the least for a generation holding a reservation of a token budget.
-#: The record is on disk by then and the server slot is free: only the count waits.
+#: process waits to commit, nor past the least for a commit the ledger's next admissions or grants wait on
+#: (``commit_awaited``). The record is on disk by then and the server slot is free: only the count waits.
 COMMIT_LINGER_S = 0.25
 COMMIT_MAX_LINGER_S = 2.0
 COMMIT_BATCH = 8
@@ -126,6 +126,16 @@ class Attempt:
     #: The most tokens it may produce (its reservation's want: max_new_tokens, or that times the replies
     #: of a conversation).
     want: int = 0
+
+
+def commit_awaited(a: Attempt) -> bool:
+    """Whether the ledger's next admissions or grants wait on this generation's commit, so that it must not
+    linger for others to share its call (``COMMIT_LINGER_S`` at most): under a truncate budget the commit
+    gives back the rest of its reservation, which others near the budget's end wait for; discard and drain
+    admit from the answers committed (their lengths) and count the generation in flight until its commit,
+    so an answer that ended and lingered held its place while its server slot stood empty (a discard budget
+    at 256 in flight ran 80-97 of them until its first answers' commits, lingering up to 2 s, came in)."""
+    return a.cap != 0 or a.spec.on_budget in ("discard", "drain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -694,9 +704,7 @@ class SampleRunner:
                 reasoning_tokens=gen.reasoning_tokens,
                 hit_max_new=hit_max_new,
             ),
-            # a reservation of the budget is given back by the commit: near the budget's end, other
-            # generations wait for it
-            hurry=a.cap != 0,
+            hurry=commit_awaited(a),
         )
         return Outcome(
             outcome.value,
