@@ -129,8 +129,8 @@ class Attempt:
 
 
 def commit_awaited(a: Attempt) -> bool:
-    """Whether the ledger's next admissions or grants wait on this generation's commit, so that it must not
-    linger for others to share its call (``COMMIT_LINGER_S`` at most): under a truncate budget the commit
+    """Whether the ledger's next admissions or grants wait on this generation's commit, so that it lingers
+    no longer than ``COMMIT_LINGER_S`` for others to share its call: under a truncate budget the commit
     gives back the rest of its reservation, which others near the budget's end wait for; discard and drain
     admit from the answers committed (their lengths) and count the generation in flight until its commit,
     so an answer that ended and lingered held its place while its server slot stood empty (a discard budget

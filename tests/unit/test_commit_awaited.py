@@ -18,13 +18,13 @@ def attempt(on_budget: str, cap: int) -> Attempt:
 
 
 @pytest.mark.parametrize("policy", ["discard", "drain"])
-def test_a_discard_or_drain_commit_does_not_linger_since_admission_reads_the_committed_answers(
+def test_a_discard_or_drain_commit_lingers_least_since_admission_reads_the_committed_answers(
     policy: str,
 ) -> None:
     assert commit_awaited(attempt(policy, 0))
 
 
-def test_a_truncate_commit_under_a_budget_does_not_linger_since_it_gives_back_its_grant() -> None:
+def test_a_truncate_commit_under_a_budget_lingers_least_since_it_gives_back_its_grant() -> None:
     assert commit_awaited(attempt("truncate", GRANT_AT_SEND))
 
 
