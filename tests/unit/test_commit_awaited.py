@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from budget.ledger import GRANT_AT_SEND
 from budget.spec import DatasetSpec
-from workers.leases import Lease
+from tests.support.attempts import attempt_of
 from workers.runner import Attempt, commit_awaited
 
 
 def attempt(on_budget: str, cap: int) -> Attempt:
-    spec = DatasetSpec(servers=("http://sim",), output_dir="/tmp/out", on_budget=on_budget)
-    return Attempt("ds", {}, "s1", "a1", spec, Lease("ds", "s1", "a1"), Path("/tmp/out/ds"), cap)
+    return attempt_of(DatasetSpec(servers=("http://sim",), output_dir="", on_budget=on_budget), cap)
 
 
 @pytest.mark.parametrize("policy", ["discard", "drain"])

@@ -4,14 +4,13 @@ conversation included — rather than at a reservation of the budget or a stop."
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from budget.spec import DatasetSpec
+from tests.support.attempts import attempt_of
 from workers.conversation import ConversationGeneration
-from workers.leases import Lease
 from workers.runner import Attempt, SampleRunner
 from workers.sglang.client import Generation
 
@@ -23,7 +22,7 @@ STOP = {"type": "stop", "matched": 2}
 def attempt(max_new: int | None = MAX_NEW, cap: int = 0) -> Attempt:
     sampling = {} if max_new is None else {"max_new_tokens": max_new}
     spec = DatasetSpec(servers=("http://s",), output_dir="", sampling=sampling)
-    return Attempt("ds", {}, "s1", "a1", spec, Lease("ds", "s1", "a1"), Path(), cap)
+    return attempt_of(spec, cap)
 
 
 def gen(tokens: int, finish: dict[str, Any] | None, meta: dict[str, Any] | None = None) -> Generation:

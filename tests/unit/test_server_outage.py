@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, cast
 from unittest import mock
 
@@ -19,8 +18,8 @@ import pytest
 from budget import GiveUpOutcome, Progress
 from budget.server_board import Health
 from budget.spec import DatasetSpec
+from tests.support.attempts import attempt_of
 from tokenfleet.processes import free_port
-from workers.leases import Lease
 from workers.runner import SERVERS_DOWN, Attempt, SampleRunner
 from workers.server_picker import ServerPicker, SlotWaitCancelled, unreachable
 from workers.sglang.client import ServerUnavailable, SGLangClient, SGLangError
@@ -156,7 +155,7 @@ def runner_with(errors: list[SGLangError], dead_after: int | None = None) -> tup
 
 def attempt(max_attempts: int = 3) -> Attempt:
     spec = DatasetSpec(servers=(DEAD,), output_dir="", max_attempts=max_attempts, retry_min_span_s=0)
-    return Attempt("ds", {"input_ids": [5, 6]}, "s1", "a1", spec, Lease("ds", "s1", "a1"), Path())
+    return attempt_of(spec, sample={"input_ids": [5, 6]})
 
 
 def test_retries_that_only_met_refused_connections_give_the_sample_back_without_a_strike() -> None:
