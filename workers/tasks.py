@@ -39,6 +39,7 @@ from workers.leases import LeaseKeeper
 from workers.messages import DATASET_STAMP, GENERATE_GROUP_TASK, GENERATE_TASK
 from workers.runner import Attempt, Outcome, SampleRunner
 from workers.running import RunningTasks
+from workers.scheduling import run_as_batch
 from workers.sglang.client import SGLangClient
 from workers.sink import OutputSink
 
@@ -193,6 +194,12 @@ def _report_revoked(task: Task, reason: str, result: str) -> None:
 
 
 _heartbeat: Heartbeat | None = None
+
+
+@signals.worker_init.connect
+def _schedule_as_batch(**_: Any) -> None:
+    # in the main thread, before the worker starts its pools: every thread after inherits the policy
+    run_as_batch()
 
 
 @signals.worker_ready.connect
