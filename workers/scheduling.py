@@ -2,9 +2,10 @@
 
 A worker process runs a thread per generation in flight (a thousand and more), and the threads wake each
 other all the time: a batched ledger call's thread wakes each of its callers, a finished generation hands its
-server slot to a waiting one. Under Linux's default policy a thread woken from a sleep usually preempts the
+server slot to a waiting one. Under Linux's default policy a thread woken from a sleep may preempt the
 thread running on its core, which here is often the thread that woke it, still holding the GIL: the woken
-thread finds the GIL taken and waits, and the whole process waits with it until the waker gets a core again.
+thread finds the GIL taken and waits, and the whole process waits with it until the waker gets a core again
+(what the profile below suggests; docs/budgets.md measures the change's effect, not this mechanism).
 At a truncate budget's end, where about a thousand answers end, are continued or are turned away within a
 second on two cores shared with the server, a profile of the worker processes put 40% of the samples taken
 while a thread held the GIL in the batchers waking their callers.
