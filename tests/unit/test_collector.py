@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from celery import signals
 
+from tests.support.signals import connected
 from workers import tasks
 from workers.collector import FULL, MIDDLE, YOUNG, settle_collector
 
@@ -44,7 +45,4 @@ def test_cycles_made_after_settling_are_still_collected(collector_restored: None
 
 
 def test_the_worker_settles_its_collector_once_ready() -> None:
-    receivers = [
-        r() if isinstance(r, weakref.ReferenceType) else r for _, r in signals.worker_ready.receivers
-    ]
-    assert tasks._settle_collector in receivers
+    assert tasks._settle_collector in connected(signals.worker_ready)

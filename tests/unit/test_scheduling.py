@@ -6,11 +6,11 @@ import logging
 import os
 import subprocess
 import sys
-import weakref
 
 import pytest
 from celery import signals
 
+from tests.support.signals import connected
 from workers import scheduling, tasks
 
 linux_only = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
@@ -61,5 +61,4 @@ def test_a_platform_without_the_policy_keeps_its_default(monkeypatch: pytest.Mon
 
 
 def test_the_worker_schedules_itself_as_batch_before_it_starts() -> None:
-    receivers = [r() if isinstance(r, weakref.ReferenceType) else r for _, r in signals.worker_init.receivers]
-    assert tasks._schedule_as_batch in receivers
+    assert tasks._schedule_as_batch in connected(signals.worker_init)
