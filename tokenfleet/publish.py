@@ -21,8 +21,12 @@ from workers.messages import (
     SAMPLE_IDS_HEADER,
 )
 
-#: Samples per message at most.
-MAX_GROUP: Final = 32
+#: Samples per message at most: a worker process's default task threads (32) at this size hold its
+#: generation threads' worth (``workers.tasks.GENERATION_THREADS``, 4,096). The sizer reaches it only
+#: where few task threads hold many slots. Until 2026-12-07 it was 32, and a default worker on two cores
+#: (64 task threads) held twice, not three times, a 1,024-slot server's cap: after the first answers the
+#: server ran 630-900 of its 1,024 (docs/scaling.md).
+MAX_GROUP: Final = 128
 #: The task threads online hold about this many times the generations the servers run at once: a task
 #: ends with its longest sample, and the slots its other samples gave back go to samples of other tasks
 #: waiting for one, so the servers stay full while tasks wait for their stragglers (lognormal answers of

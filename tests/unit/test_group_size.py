@@ -5,7 +5,12 @@ from tokenfleet.publish import MAX_GROUP, TASKS_PER_S, GroupSizer, group_for_rat
 
 def test_groups_hold_about_three_times_the_servers_caps_over_the_task_threads_online() -> None:
     assert group_size(64, task_threads=64) == 3
-    assert group_size(1024, task_threads=64) == MAX_GROUP
+    assert group_size(1024, task_threads=64) == 48  # a default worker on two cores, one 1,024-slot server
+
+
+def test_a_group_is_never_larger_than_the_cap() -> None:
+    assert group_size(8 * 1024, task_threads=32) == MAX_GROUP
+    assert group_size(None) == 32  # no worker online: eight messages per 256 slots
 
 
 def test_a_slow_dataset_needs_no_larger_group_for_its_rate() -> None:
