@@ -111,8 +111,15 @@ class GroupSizer:
         shown = f"{wanted:,}" if wanted else "unknown (taken as 256)"
         online = f", {threads} task threads online" if threads else ""
         fast = f"; {rate:,.0f} answers/s" if by_rate > 1 and k == by_rate else ""
+        short = ""
+        if wanted and threads and k * threads < SPARE_FACTOR * wanted:
+            short = (
+                f"; at most {MAX_GROUP} a task, so the workers hold {k * threads / wanted:.1f} samples per "
+                f"slot, not {SPARE_FACTOR}: more worker processes would keep the servers fuller"
+            )
         self._say(
-            f"{dataset}: {k} sample(s) per task ({shown} generations at once on its servers{online}{fast})"
+            f"{dataset}: {k} sample(s) per task ({shown} generations at once on its servers{online}{fast}"
+            f"{short})"
         )
         return k
 

@@ -41,3 +41,25 @@ def test_the_sizer_takes_the_larger_of_the_two_sizes_and_never_shrinks_one_for_t
 def test_the_sizer_keeps_the_caps_size_while_the_rate_is_unknown() -> None:
     sizer = GroupSizer({"d": 64}, task_threads=lambda: 64)
     assert sizer("d") == 3
+
+
+def test_the_sizer_says_when_the_cap_leaves_fewer_than_three_samples_per_slot() -> None:
+    said: list[str] = []
+    sizer = GroupSizer({"big": 2048}, say=said.append, task_threads=lambda: 32)
+
+    assert sizer("big") == MAX_GROUP
+    assert said == [
+        f"big: {MAX_GROUP} sample(s) per task (2,048 generations at once on its servers, 32 task threads "
+        f"online; at most {MAX_GROUP} a task, so the workers hold 2.0 samples per slot, not 3: more worker "
+        "processes would keep the servers fuller)"
+    ]
+
+
+def test_the_sizer_says_nothing_of_the_cap_where_it_does_not_bind() -> None:
+    said: list[str] = []
+    sizer = GroupSizer({"d": 1024}, say=said.append, task_threads=lambda: 64)
+
+    assert sizer("d") == 48
+    assert said == [
+        "d: 48 sample(s) per task (1,024 generations at once on its servers, 64 task threads online)"
+    ]
