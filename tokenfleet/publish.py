@@ -33,8 +33,11 @@ MAX_GROUP: Final = 128
 #: sigma 0.5: the longest of 32 is about 2.5 times the mean).
 SPARE_FACTOR: Final = 3
 #: Messages per server batch when no worker is online to count task threads (a message's cost is shared
-#: by its samples).
+#: by its samples) ...
 GROUPS_PER_BATCH: Final = 8
+#: ... of at most this many samples: the first messages, sent before a worker's heartbeat is counted, spread
+#: over the task threads that come (at 1,024 slots, 32 messages rather than 8 of ``MAX_GROUP``).
+FIRST_GROUP_MAX: Final = 32
 #: How often the sizer counts the task threads online (the workers' heartbeats).
 THREADS_EVERY_S: Final = 5.0
 #: Messages a dataset's answers may cost per second before its groups grow: a message costs its worker
@@ -50,8 +53,11 @@ def group_size(wanted_inflight: int | None, task_threads: int = 0) -> int:
     """Samples per message for servers that run ``wanted_inflight`` generations at once (the sum of their
     caps; None: unknown, taken as 256) and ``task_threads`` online (0: unknown)."""
     wanted = wanted_inflight or 256
-    k = math.ceil(SPARE_FACTOR * wanted / task_threads) if task_threads > 0 else wanted / GROUPS_PER_BATCH
-    return max(1, min(MAX_GROUP, math.ceil(k)))
+    if task_threads > 0:
+        k = math.ceil(SPARE_FACTOR * wanted / task_threads)
+    else:
+        k = min(FIRST_GROUP_MAX, math.ceil(wanted / GROUPS_PER_BATCH))
+    return max(1, min(MAX_GROUP, k))
 
 
 def group_for_rate(samples_per_s: float) -> int:

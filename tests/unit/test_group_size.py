@@ -10,7 +10,12 @@ def test_groups_hold_about_three_times_the_servers_caps_over_the_task_threads_on
 
 def test_a_group_is_never_larger_than_the_cap() -> None:
     assert group_size(8 * 1024, task_threads=32) == MAX_GROUP
-    assert group_size(None) == 32  # no worker online: eight messages per 256 slots
+
+
+def test_with_no_task_threads_counted_a_server_batch_is_eight_messages_of_at_most_32() -> None:
+    assert group_size(64) == 8
+    assert group_size(None) == 32  # caps unknown: taken as 256
+    assert group_size(1024) == 32  # the first messages spread over the workers that come
 
 
 def test_a_slow_dataset_needs_no_larger_group_for_its_rate() -> None:
