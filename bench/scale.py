@@ -719,7 +719,7 @@ class LoadTimeline(TokenTimeline):
         self.grants: list[list[float]] = []
 
     #: What the timeline's readings show of the grants (``budget/lua/_lib.lua``, Reservations).
-    GRANT_FIELDS = ("tokens", "reserved_tokens", "clock_n", "clock_grant", "gen_rate")
+    GRANT_FIELDS = ("tokens", "reserved_tokens", "clock_n", "clock_grant", "gen_rate", "gen_delay_ms")
 
     def _run(self) -> None:
         ledger = Ledger.from_url(self.redis_url)

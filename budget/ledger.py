@@ -193,14 +193,13 @@ class GrantKind(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class GrantAsk:
     """One ask of ``grant_many``: ``kind`` START with ``value`` its want, MORE with ``value`` the most it
-    may still produce, END with ``value`` the tokens it produced in all; ``rate``, the tokens/s of its
-    request that just ended (MORE, END; 0: none)."""
+    may still produce, END with ``value`` the tokens it produced in all. (The dataset's speed is the
+    ledger's own measure, from when the asks come: ``budget/lua/_lib.lua``, Reservations.)"""
 
     sample_id: str
     attempt: str
     kind: GrantKind
     value: int
-    rate: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -650,7 +649,7 @@ class Ledger:
             return []
         args: list[Any] = [max(0, int(slots))]
         for ask in asks:
-            args += [ask.sample_id, ask.attempt, ask.kind.value, max(0, int(ask.value)), float(ask.rate)]
+            args += [ask.sample_id, ask.attempt, ask.kind.value, max(0, int(ask.value))]
         return [int(x) for x in self._call("grant", name, args)]
 
     @_translate_errors

@@ -66,37 +66,27 @@ class Grants:
         kind = GrantKind.WHOLE if whole else GrantKind.START
         return self._batcher.call(dataset, GrantAsk(sample_id, attempt, kind, want))
 
-    def more(self, dataset: str, sample_id: str, attempt: str, more: int, rate: float) -> int:
-        """The generation's grant in all after asking up to ``more`` tokens more (it reached its grant; its
-        last request ran at ``rate`` tokens/s): the same when the budget has none to give, 0 when the
+    def more(self, dataset: str, sample_id: str, attempt: str, more: int) -> int:
+        """The generation's grant in all after asking up to ``more`` tokens more (it reached its grant): the
+        same when the budget has none to give, 0 when the
         attempt lost its lease. Where the ledger says to wait for what the few generations still running
         give back, it asks again every ``MORE_WAIT_S`` for up to ``MORE_WAIT_MAX_S``, and then once for
         nothing more: the grant as it stands."""
-        got = self._batcher.call(dataset, GrantAsk(sample_id, attempt, GrantKind.MORE, more, rate))
+        got = self._batcher.call(dataset, GrantAsk(sample_id, attempt, GrantKind.MORE, more))
         deadline = time.monotonic() + MORE_WAIT_MAX_S
         while got == GRANT_WAIT:
             if time.monotonic() >= deadline:
                 more = 0
             else:
                 time.sleep(MORE_WAIT_S)
-            got = self._batcher.call(dataset, GrantAsk(sample_id, attempt, GrantKind.MORE, more, 0.0))
+            got = self._batcher.call(dataset, GrantAsk(sample_id, attempt, GrantKind.MORE, more))
         return got
 
-    def end(self, dataset: str, sample_id: str, attempt: str, tokens: int, rate: float) -> None:
+    def end(self, dataset: str, sample_id: str, attempt: str, tokens: int) -> None:
         """The generation ended with ``tokens`` in all, before its grant: the rest goes back, in order
         before any ask this process makes after (its slot's next generation is granted from it), without
         waiting for the answer (its commit finds a lost lease)."""
-        self._batcher.post(dataset, GrantAsk(sample_id, attempt, GrantKind.END, tokens, rate))
-
-
-def request_rate(gen: Generation, wall_s: float) -> float:
-    """Tokens/s of the request ``gen`` (0: not measurable): over the server's own ``e2e_latency`` (its last
-    chunk's ``meta_info``: from its arrival to its end, as the server decodes), else over ``wall_s`` from
-    its send to its end here, which a busy client sees late."""
-    tokens = gen.completion_tokens
-    e2e = gen.meta_info.get("e2e_latency")
-    seconds = float(e2e) if isinstance(e2e, int | float) and not isinstance(e2e, bool) and e2e > 0 else wall_s
-    return tokens / seconds if tokens > 0 and seconds > 0 else 0.0
+        self._batcher.post(dataset, GrantAsk(sample_id, attempt, GrantKind.END, tokens))
 
 
 def can_continue(sample: Mapping[str, Any]) -> bool:

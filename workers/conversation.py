@@ -18,7 +18,6 @@ prompt length), ``completion_tokens`` over every reply (what the ledger counted)
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,6 @@ from workers.continuation import (
     continued_prompt,
     ended_at_grant,
     joined,
-    request_rate,
     requests_taken,
 )
 from workers.rids import new_rid
@@ -100,16 +98,14 @@ class Conversation:
         #: ``max_new_tokens`` at most what is left of it.
         self.cap = 0
         #: Asks the budget for more for the whole conversation (truncate, granted at send time), given the
-        #: tokens it may still want and the last request's tokens/s: returns the grant in all after the ask
-        #: (no more than ``cap``: the budget has none to give; 0 or less: the lease is lost). None: a reply
-        #: that reaches ``cap`` ends the conversation there, cut.
-        self.more: Callable[[int, float], int] | None = None
+        #: tokens it may still want: returns the grant in all after the ask (no more than ``cap``: the budget
+        #: has none to give; 0 or less: the lease is lost). None: a reply that reaches ``cap`` ends the
+        #: conversation there, cut.
+        self.more: Callable[[int], int] | None = None
         #: The most tokens every reply together may produce (its grant's want: what ``more`` asks up to).
         self.want = 0
         #: The lease was found lost when asking for more: nothing of this attempt may be kept.
         self.lost = False
-        #: The tokens/s of its last request (the dataset's speed, for the grants).
-        self.rate = 0.0
 
     @classmethod
     def of(cls, sample: Mapping[str, Any], spec: DatasetSpec, dataset: str) -> Conversation | None:
@@ -167,7 +163,7 @@ class Conversation:
         reply_max = int(sampling_params.get("max_new_tokens") or 0) or SGLANG_DEFAULT_MAX_NEW_TOKENS
         while len(self.generations) < self.replies:
             reply = len(self.generations)
-            if self.cap and self.cap <= self.kept_tokens and not self._grown(self.rate):
+            if self.cap and self.cap <= self.kept_tokens and not self._grown():
                 if self.lost:
                     return self._result(chat, ended_early=f"reply {reply + 1}: the lease was lost")
                 return self._result(chat, ended_early=f"reply {reply + 1}: the token budget is reached")
@@ -195,7 +191,6 @@ class Conversation:
                     params, capped = {**sampling_params, "max_new_tokens": left}, left
                 elif so_far:
                     params = {**sampling_params, "max_new_tokens": reply_max - so_far}
-                sent_at = time.monotonic()
                 gen = client.generate(
                     server,
                     rid=rid,
@@ -206,7 +201,6 @@ class Conversation:
                     stop=stop,
                     stall_timeout_s=stall_timeout_s,
                 )
-                self.rate = request_rate(gen, time.monotonic() - sent_at)
                 return gen, capped
 
             try:
@@ -215,7 +209,7 @@ class Conversation:
                 # the grant ended the reply, not its max_new_tokens: it goes on where the budget gives
                 # more, the prompt and the reply so far sent again (a prefix-cache hit), as a generation
                 # of one reply does (workers/continuation.py)
-                while capped and ended_at_grant(last, capped) and self._grown(self.rate):
+                while capped and ended_at_grant(last, capped) and self._grown():
                     more_rid = new_rid(self.dataset)
                     last, capped = send(continued_prompt(prompt, gen), more_rid, gen.completion_tokens)
                     gen = joined(gen, last)
@@ -244,11 +238,11 @@ class Conversation:
             keep_turn()
         return self._result(chat)
 
-    def _grown(self, rate: float) -> bool:
+    def _grown(self) -> bool:
         """Whether the budget granted the conversation more (``more``): it reached its grant."""
         if self.more is None:
             return False
-        after = self.more(self.want - self.cap, rate) if self.want > self.cap else self.cap
+        after = self.more(self.want - self.cap) if self.want > self.cap else self.cap
         if after <= 0:
             self.lost = True
             return False

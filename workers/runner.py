@@ -36,7 +36,6 @@ from workers.continuation import (
     continued_prompt,
     ended_at_grant,
     joined,
-    request_rate,
     requests_taken,
 )
 from workers.conversation import Conversation, ConversationGeneration, record_fields
@@ -423,7 +422,6 @@ class SampleRunner:
                             if "stream_interval" not in spec.sampling:
                                 params = {**sampling, "stream_interval": paced.interval}
                             hearing = self.pacer.hearing(paced, on_tokens)
-                            sent_at = time.monotonic()
                             gen = generate(
                                 server,
                                 rid=request.handle.rid,
@@ -435,10 +433,8 @@ class SampleRunner:
                                 stop=request.handle,
                                 stall_timeout_s=spec.stall_timeout_s,
                             )
-                            if conversation is None:
-                                rate = request_rate(gen, time.monotonic() - sent_at)
-                            else:  # its grant grew as its replies asked for more; its last request's rate
-                                grant, rate = conversation.cap, conversation.rate
+                            if conversation is not None:  # its grant grew as its replies asked for more
+                                grant = conversation.cap
                                 if conversation.lost:
                                     stop = (Progress.LOST, "")
                             sent = int(params.get("max_new_tokens") or 0)
@@ -456,7 +452,7 @@ class SampleRunner:
                                     if prompt_ids is None:  # a text prompt the server did not tokenize
                                         stop = (Progress.STOP, "")
                                         break
-                                after = self.grants.more(a.dataset, a.sid, a.attempt, a.want - grant, rate)
+                                after = self.grants.more(a.dataset, a.sid, a.attempt, a.want - grant)
                                 if after <= 0:
                                     stop = (Progress.LOST, "")
                                     break
@@ -464,7 +460,6 @@ class SampleRunner:
                                     stop = (Progress.STOP, "")
                                     break
                                 sent, grant = after - grant, after
-                                sent_at = time.monotonic()
                                 part = self.client.generate(
                                     server,
                                     rid=new_rid(a.dataset),
@@ -475,10 +470,9 @@ class SampleRunner:
                                     stop=request.handle,
                                     stall_timeout_s=spec.stall_timeout_s,
                                 )
-                                rate = request_rate(part, time.monotonic() - sent_at)
                                 gen = joined(gen, part)
                             if stop is None:
-                                self._unused_back(a, gen, grant, rate)
+                                self._unused_back(a, gen, grant)
                             if not gen.aborted and not gen.stopped_by_us:
                                 self.pacer.finished(paced, gen.completion_tokens)
                         except (RequestRejected, ProtocolError) as e:
@@ -588,11 +582,11 @@ class SampleRunner:
                 return GRANT_NOT_NOW if got == GRANT_WAIT else got
             self.sleep(GRANT_WAIT_S)
 
-    def _unused_back(self, a: Attempt, gen: Generation, grant: int, rate: float) -> None:
+    def _unused_back(self, a: Attempt, gen: Generation, grant: int) -> None:
         """A truncate budget's generation that ended before its grant gives the rest back at once, before
         its slot goes to the next generation, which is granted from it."""
         if a.cap == GRANT_AT_SEND and not gen.aborted and gen.completion_tokens < grant:
-            self.grants.end(a.dataset, a.sid, a.attempt, gen.completion_tokens, rate)
+            self.grants.end(a.dataset, a.sid, a.attempt, gen.completion_tokens)
 
     def _no_grant(self, a: Attempt, got: int) -> Outcome:
         """No grant for a generation with its slot: its lease was taken back (``got`` 0), the dataset was

@@ -23,7 +23,10 @@
 --   max_new_tokens    the dataset's max_new_tokens (the most one generation may want)
 --   clock_n, clock_sum, clock_grant    truncate: the generations granted at send time, the sum of their
 --                     clocks (ms) and of their grants (clock hash; Reservations, below)
---   gen_rate          truncate: tokens/s one generation of the dataset gets, learned from ended requests
+--   gen_rate          truncate: tokens/s one generation of the dataset gets, and
+--   gen_delay_ms      the ms from a grant to its request's first token: the ledger's measure from when the
+--                     generations ask (speed_observe), its state in speed_n, speed_k, speed_e, speed_kk and
+--                     speed_ke
 --   overdrawn_tokens  tokens committed past their generations' grants (a stream that reached its grant
 --                     generates a step or two more before its abort lands): spent, but never reserved, so
 --                     a lowered budget is judged without them
@@ -77,8 +80,9 @@ end
 -- prompt and its output so far, a prefix-cache hit (workers/continuation.py); where the budget has none
 -- left, it ends there, cut.
 -- How much of their grants the running generations have used is not reported per token: each one's
--- clock (the clock hash: when it would have started at the dataset's speed, on Redis's clock) and the
--- dataset's speed per generation (gen_rate, tokens/s, learned from the requests that ended) say it.
+-- clock (the clock hash: when it would have started at the dataset's speed, on Redis's clock), the
+-- dataset's speed per generation and the delay before a request's first token (gen_rate, gen_delay_ms:
+-- speed_observe) say it.
 --
 -- discard reserves nothing: it admits a generation only while committed + live + what the generations in
 -- flight are expected to need (their expected lengths, and DISCARD_SIGMAS spreads of their sum: discard_need)
@@ -92,7 +96,8 @@ local DISCARD_SIGMAS = 2
 -- truncate: a new generation starts only where the horizon gives it this much (or its whole want, or an
 -- equal share of the whole budget per generation where that is less: a budget too small for its slots):
 -- one granted less would be cut within a few tokens, a junk answer; a continuation is granted at least
--- MORE_MIN where that much is left (each costs a request); one observation's weight in gen_rate.
+-- MORE_MIN where that much is left (each costs a request); one observation's weight in the dataset's speed,
+-- and the observations before its delay is fitted (speed_observe).
 local NEW_MIN = 32
 local MORE_MIN = 16
 -- truncate: a generation that reached its grant and finds nothing left waits for what the others still
@@ -102,6 +107,7 @@ local MORE_MIN = 16
 -- (a budget of 120 on 12 conversations ended at 117 in a CI run, 2026-12-07).
 local MORE_WAIT_RUNNING = 64
 local RATE_WEIGHT = 0.05
+local SPEED_FIT_MIN = 8
 
 -- The tokens a budget of ``budget`` may grant in all under ``mode``.
 local function grant_pool(mode, budget)
@@ -170,20 +176,21 @@ local function budget_reached(budget, spent_tokens, floor)
 end
 
 -- truncate only: the clock of the generations granted at send time, as the ledger fields clock_n (how
--- many), clock_sum (the sum of their clocks, ms), clock_grant (the sum of their grants), and gen_rate:
--- {n, sum, grant, rate}.
+-- many), clock_sum (the sum of their clocks, ms), clock_grant (the sum of their grants), gen_rate and
+-- gen_delay_ms: {n, sum, grant, rate, delay}.
 local function clock_figures(ledger)
-  local f = redis.call('HMGET', ledger, 'clock_n', 'clock_sum', 'clock_grant', 'gen_rate')
-  return {tonumber(f[1]) or 0, tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0}
+  local f = redis.call('HMGET', ledger, 'clock_n', 'clock_sum', 'clock_grant', 'gen_rate', 'gen_delay_ms')
+  return {tonumber(f[1]) or 0, tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0,
+    tonumber(f[5]) or 0}
 end
 
 -- What the running generations (``clock``: clock_figures) have not yet used of their grants at ``now``:
--- their grants less what they produced at the dataset's speed since their clocks.
+-- their grants less what they produced at the dataset's speed since their clocks and its delay.
 local function unused_grants(clock, now)
-  local n, sum, grant, rate = clock[1], clock[2], clock[3], clock[4]
+  local n, sum, grant, rate, delay = clock[1], clock[2], clock[3], clock[4], clock[5] or 0
   if n <= 0 or grant <= 0 then return 0 end
   local used = 0
-  if rate > 0 then used = rate * (n * now - sum) / 1000 end
+  if rate > 0 then used = rate * (n * (now - delay) - sum) / 1000 end
   return grant - math.min(grant, math.max(0, used))
 end
 
@@ -277,11 +284,41 @@ local function clock_remove(ledger, clock, sids, grants)
   end
 end
 
--- One observation of a generation's speed (tokens/s of a request that ended) in the dataset's gen_rate.
-local function rate_observe(rate, obs)
-  if not obs or obs <= 0 then return rate end
-  if rate <= 0 then return obs end
-  return rate + RATE_WEIGHT * (obs - rate)
+-- truncate only: the dataset's speed as the ledger itself sees it, the one measure its clocks and horizons
+-- use. A generation that asks (grant.lua: end, or more) having produced ``k`` tokens ``e`` ms after its clock
+-- is one observation of e = delay + k * 1000 / rate: ``delay`` the ms from a grant to its request's first
+-- token (the worker's send, the server's queue and prefill), ``rate`` the tokens/s one generation then gets.
+-- Fitted over the observations (``s``: their weighted means of k, e, k^2 and k e, each new one weighing
+-- RATE_WEIGHT; n, how many), as the speed and delay change with the load. Until the fit is sound (a few
+-- observations whose lengths differ), and where it gives no sound delay (below 0, or half their mean time
+-- or more: the speed changed under the observations, as over a fleet's ramp), the rate is their tokens
+-- over their time and the delay 0. (The speed was once the workers' own, each request's tokens over its
+-- e2e_latency: measured from the server's side, it left out the time from a grant to the server, and the
+-- generations granted after the first wave ended up to 0.7 s before it; docs/budgets.md, 2026-12-07.)
+local function speed_observe(s, k, e)
+  if k <= 0 or e <= 0 then return end
+  if s.n <= 0 then
+    s.k, s.e, s.kk, s.ke = k, e, k * k, k * e
+  else
+    local w = RATE_WEIGHT
+    s.k = s.k + w * (k - s.k)
+    s.e = s.e + w * (e - s.e)
+    s.kk = s.kk + w * (k * k - s.kk)
+    s.ke = s.ke + w * (k * e - s.ke)
+  end
+  s.n = s.n + 1
+end
+
+-- The rate (tokens/s) and delay (ms) of speed_observe's observations ``s``: (0, 0) before any.
+local function speed_of(s)
+  if s.n <= 0 or s.k <= 0 or s.e <= 0 then return 0, 0 end
+  local var = s.kk - s.k * s.k
+  if s.n >= SPEED_FIT_MIN and var > (0.1 * s.k) ^ 2 then
+    local ms_per_token = (s.ke - s.k * s.e) / var
+    local delay = s.e - ms_per_token * s.k
+    if ms_per_token > 0 and delay >= 0 and delay < 0.5 * s.e then return 1000 / ms_per_token, delay end
+  end
+  return 1000 * s.k / s.e, 0
 end
 
 -- The most tokens one generation of the dataset may want: its max_new_tokens (SGLang's default, 128,

@@ -4,7 +4,7 @@
 -- commands does not grow with their number.
 -- KEYS: ledger, leases, owners, reserved, clock, done, live, pending, failed
 -- ARGV: slots (the slots of the dataset's servers as the worker knows them; 0: unknown), then for each
---       ask: sid, attempt, kind, value, rate:
+--       ask: sid, attempt, kind, value:
 --   start  (truncate) value: the most tokens its generation may produce: its first grant, now that it
 --          has a server slot
 --   whole  the same, for a generation that cannot be continued past a grant (a text prompt on a server
@@ -13,7 +13,8 @@
 --   more   value: the most tokens more it may still produce: it reached its grant and its answer may go on
 --   end    value: the tokens it produced in all: it ended before its grant, and the rest goes back now
 --          (before its slot goes to the next generation, which is granted from it)
---   rate   the tokens/s of the request that just ended (more, end; 0: none): the dataset's speed
+-- An end or more ask of a generation on the clock is also an observation of the dataset's speed: the
+-- tokens it produced since its clock, and when (speed_observe).
 -- Returns, per ask, the generation's grant in all after the call:
 --   start  the grant (> 0); -3 where the budget's end has come: the attempt's lease is dropped here and
 --          its sample is pending (reason limit), as release.lua would, so the hundreds of samples that
@@ -26,13 +27,14 @@
 --   end    1: what stays reserved for it is the tokens it produced, which its commit counts
 --   0 for any ask of an attempt that no longer holds the lease (its generation must stop).
 -- Asks that end come first, and what they give back is there for the others of the call.
-local STRIDE = 5
+local STRIDE = 4
 local slots = tonumber(ARGV[1]) or 0
 local n = (#ARGV - 1) / STRIDE
 local sids = {}
 for i = 1, n do sids[i] = ARGV[STRIDE * (i - 1) + 2] end
 local f = redis.call('HMGET', ledger, 'state', 'token_budget', 'on_budget', 'tokens', 'discarded_tokens',
-  'reserved_tokens', 'clock_n', 'clock_sum', 'clock_grant', 'gen_rate')
+  'reserved_tokens', 'clock_n', 'clock_sum', 'clock_grant', 'gen_rate', 'gen_delay_ms', 'speed_n', 'speed_k',
+  'speed_e', 'speed_kk', 'speed_ke')
 local owner = redis.call('HMGET', owners, unpack(sids))
 local held = redis.call('HMGET', reserved, unpack(sids))
 local started = redis.call('HMGET', clock, unpack(sids))
@@ -43,9 +45,11 @@ local left = 0
 if grants then
   left = grant_pool(mode, budget) - (tonumber(f[4]) or 0) - (tonumber(f[5]) or 0) - (tonumber(f[6]) or 0)
 end
-local rate0 = tonumber(f[10]) or 0
-local rate = rate0
-local clk = {tonumber(f[7]) or 0, tonumber(f[8]) or 0, tonumber(f[9]) or 0, rate}
+local rate = tonumber(f[10]) or 0
+local speed = {n = tonumber(f[12]) or 0, k = tonumber(f[13]) or 0, e = tonumber(f[14]) or 0,
+  kk = tonumber(f[15]) or 0, ke = tonumber(f[16]) or 0}
+local observed = speed.n
+local clk = {tonumber(f[7]) or 0, tonumber(f[8]) or 0, tonumber(f[9]) or 0, rate, tonumber(f[11]) or 0}
 local leased = redis.call('ZCARD', leases)
 
 -- each sid's grant and clock as the call goes (a sid asked twice builds on its first ask)
@@ -57,11 +61,19 @@ for i = 1, n do
   kind_of[i] = ARGV[at + 3]
   grant_of[sid] = grant_of[sid] or tonumber(held[i]) or 0
   if start_of[sid] == nil then start_of[sid] = tonumber(started[i]) or false end
-  rate = rate_observe(rate, tonumber(ARGV[at + 5]) or 0)
+  if (kind_of[i] == 'end' or kind_of[i] == 'more') and owner[i] == ARGV[at + 2] and start_of[sid] then
+    -- what it produced since its clock: its grant (more: it reached it), or what it ended with
+    local k = grant_of[sid]
+    if kind_of[i] == 'end' then k = math.min(k, tonumber(ARGV[at + 4]) or 0) end
+    speed_observe(speed, k, now - start_of[sid])
+  end
   if kind_of[i] == 'whole' then kind_of[i] = 'start' whole_of[i] = true end
   if kind_of[i] == 'start' and owner[i] == ARGV[at + 2] then coming = coming + 1 end
 end
-clk[4] = rate
+if speed.n ~= observed then
+  rate, clk[5] = speed_of(speed)
+  clk[4] = rate
+end
 
 local d = {n = 0, sum = 0, grant = 0}
 local reserved_delta = 0
@@ -144,7 +156,7 @@ for i = 1, n do
       left = left - add
       if start_of[sid] or mode == 'truncate' then
         -- it produced its grant: at the dataset's speed, its clock is that long ago (back on the clock
-        -- where it waited)
+        -- where it waited); its next request's delay is still to come, as a new one's is
         local start = start_of[sid] or now
         if rate > 0 then start = now - math.floor(g * 1000 / rate) end
         clock_set(sid, start, g + add)
@@ -223,7 +235,10 @@ if reserved_delta ~= 0 then redis.call('HINCRBY', ledger, 'reserved_tokens', res
 if #clock_args > 0 then redis.call('HSET', clock, unpack(clock_args)) end
 if #clock_gone > 0 then redis.call('HDEL', clock, unpack(clock_gone)) end
 clock_apply(ledger, d)
-if rate ~= rate0 then redis.call('HSET', ledger, 'gen_rate', rate) end
+if speed.n ~= observed then
+  redis.call('HSET', ledger, 'gen_rate', rate, 'gen_delay_ms', clk[5], 'speed_n', speed.n,
+    'speed_k', speed.k, 'speed_e', speed.e, 'speed_kk', speed.kk, 'speed_ke', speed.ke)
+end
 
 -- the starts the budget's end turned away (each held the lease: -3 follows the owner check above) are given
 -- back as release.lua does; they hold no grant and have produced nothing

@@ -10,10 +10,11 @@ import redis
 from budget import Ledger
 from tests.support.ledger import DS, commit_new, keys
 
-#: The rule's constants (budget/lua/_lib.lua: NEW_MIN, MORE_MIN, RATE_WEIGHT).
+#: The rule's constants (budget/lua/_lib.lua: NEW_MIN, MORE_MIN, RATE_WEIGHT, SPEED_FIT_MIN).
 NEW_MIN = 32
 MORE_MIN = 16
 RATE_WEIGHT = 0.05
+SPEED_FIT_MIN = 8
 
 
 def field(client: redis.Redis, name: str, ledger_field: str) -> int:
@@ -98,16 +99,36 @@ def clock_agrees(client: redis.Redis, name: str = DS) -> bool:
     return (c["n"], c["sum"], c["grant"]) == (c["hash_n"], c["hash_sum"], c["hash_grant"])
 
 
-def set_clock(client: redis.Redis, sid: str, ms_ago: int, rate: float, name: str = DS) -> None:
+def set_clock(client: redis.Redis, sid: str, ms_ago: int, rate: float | None, name: str = DS) -> None:
     """Move ``sid``'s clock ``ms_ago`` into the past (as if it had run that long) and set the dataset's
-    speed: what the tests of the horizon need without sleeping."""
+    speed (None: leave it): what the tests of the horizon need without sleeping."""
     k = keys(name)
     seconds, micros = client.time()
     now = int(seconds) * 1000 + int(micros) // 1000
     was = int(client.hget(k.clock_hash, sid))
     client.hset(k.clock_hash, sid, now - ms_ago)
     client.hincrby(k.ledger_hash, "clock_sum", now - ms_ago - was)
-    client.hset(k.ledger_hash, "gen_rate", rate)
+    if rate is not None:
+        set_speed(client, rate, name=name)
+
+
+def set_speed(client: redis.Redis, rate: float, delay_ms: float = 0.0, name: str = DS) -> None:
+    """Set the dataset's speed as the ledger measures it (``speed_observe`` in _lib.lua): ``rate`` tokens/s
+    and ``delay_ms``, as if one generation had produced ``rate`` tokens in 1 s plus the delay. A test's asks,
+    milliseconds after their grants, are observations too; each weighs RATE_WEIGHT against it."""
+    e = 1000.0 + delay_ms
+    client.hset(
+        keys(name).ledger_hash,
+        mapping={
+            "gen_rate": rate,
+            "gen_delay_ms": delay_ms,
+            "speed_n": 1,
+            "speed_k": rate,
+            "speed_e": e,
+            "speed_kk": rate * rate,
+            "speed_ke": rate * e,
+        },
+    )
 
 
 def pool_taken(client: redis.Redis, name: str = DS) -> int:

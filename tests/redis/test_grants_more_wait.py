@@ -26,7 +26,7 @@ def test_a_generation_at_its_grant_with_nothing_left_is_granted_what_another_giv
     later.start()
     try:
         started = time.monotonic()
-        after = Grants(ledger).more(DS, "s0", "a1", 400, 0.0)
+        after = Grants(ledger).more(DS, "s0", "a1", 400)
         waited = time.monotonic() - started
     finally:
         later.join()
@@ -44,7 +44,7 @@ def test_a_generation_waiting_for_more_ends_at_its_grant_once_its_wait_is_over(
     assert [lease(ledger, f"s{i}", want=500, slots=2) for i in range(2)] == [100, 100]
 
     started = time.monotonic()
-    after = Grants(ledger).more(DS, "s0", "a1", 400, 0.0)  # s1 runs on and gives nothing back
+    after = Grants(ledger).more(DS, "s0", "a1", 400)  # s1 runs on and gives nothing back
 
     assert after == 100  # cut at its grant
     assert 0.3 <= time.monotonic() - started < 1.0

@@ -17,6 +17,7 @@ from budget.ledger import GRANT_AT_SEND, GRANT_DROPPED, GRANT_NOT_NOW, GRANT_WAI
 from tests.redis.grants import (
     MORE_MIN,
     RATE_WEIGHT,
+    SPEED_FIT_MIN,
     clock_agrees,
     clock_state,
     commit_whole,
@@ -26,6 +27,7 @@ from tests.redis.grants import (
     overdrawn,
     pool_taken,
     set_clock,
+    set_speed,
     start_grant,
 )
 from tests.support.ledger import (
@@ -141,7 +143,7 @@ def test_an_end_gives_back_at_once_and_the_start_after_it_in_the_same_call_gets_
 
     got = ledger.grant_many(
         DS,
-        [GrantAsk("n", "a1", GrantKind.START, 500), GrantAsk("s0", "a1", GrantKind.END, 30, 90.0)],
+        [GrantAsk("n", "a1", GrantKind.START, 500), GrantAsk("s0", "a1", GrantKind.END, 30)],
         slots=10,
     )
 
@@ -250,10 +252,11 @@ def test_more_grants_up_to_the_horizon_and_at_least_16_where_that_much_is_left(
 ) -> None:
     make(ledger, token_budget=1000)
     assert [lease(ledger, f"s{i}", want=500, slots=10) for i in range(10)] == [100] * 10
+    set_speed(redis_client, 100.0)  # the running ones have used next to nothing of their grants
     end(ledger, "s9", "a1", 40)  # 60 back
 
     # s0 reached its 100: (60 + 900 unused) / 10 = 96, at most the 60 left
-    assert more(ledger, "s0", "a1", 400, rate=80.0) == 160
+    assert more(ledger, "s0", "a1", 400) == 160
     # nothing is left now, and eight others run that may give some back: ask again
     assert more(ledger, "s1", "a1", 400) == GRANT_WAIT
     # asked for nothing more: the grant as it stands (its answer is cut there)
@@ -266,6 +269,7 @@ def test_a_generation_that_finds_nothing_left_waits_off_the_clock_for_what_the_f
 ) -> None:
     make(ledger, token_budget=1000)
     assert [lease(ledger, f"s{i}", want=500, slots=10) for i in range(10)] == [100] * 10
+    set_speed(redis_client, 100.0)  # the running ones have used next to nothing of their grants
 
     assert more(ledger, "s0", "a1", 400) == GRANT_WAIT  # all 1,000 granted; nine others run
     # it generates nothing while it waits: off the clock, its grant still reserved
@@ -316,7 +320,7 @@ def test_a_continued_generations_clock_goes_back_by_what_its_grant_took_at_the_d
 ) -> None:
     make(ledger, token_budget=10_000)
     assert lease(ledger, "s0", want=500, slots=40) == 250
-    redis_client.hset(keys().ledger_hash, "gen_rate", 50.0)
+    set_clock(redis_client, "s0", 5000, 50.0)  # its 250 took 5 s: 50 tokens/s, as the dataset's speed
 
     assert more(ledger, "s0", "a1", 250) == 500
     seconds, micros = redis_client.time()
@@ -327,18 +331,82 @@ def test_a_continued_generations_clock_goes_back_by_what_its_grant_took_at_the_d
     assert clock_agrees(redis_client)
 
 
-def test_the_datasets_speed_is_learned_from_the_requests_that_ended(
+def gen_rate(client: redis.Redis) -> float:
+    return float(client.hget(keys().ledger_hash, "gen_rate") or 0)
+
+
+def test_the_datasets_speed_is_what_the_generations_produced_over_the_time_since_their_grants(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
     make(ledger, token_budget=10_000)
-    assert [lease(ledger, f"s{i}", want=200, slots=4) for i in range(3)] == [200] * 3
+    assert [lease(ledger, f"s{i}", want=500, slots=4) for i in range(3)] == [500] * 3
 
-    end(ledger, "s0", "a1", 10, rate=100.0)
-    assert float(redis_client.hget(keys().ledger_hash, "gen_rate")) == 100.0
-    end(ledger, "s1", "a1", 10, rate=200.0)
-    assert float(redis_client.hget(keys().ledger_hash, "gen_rate")) == pytest.approx(100 + RATE_WEIGHT * 100)
-    more(ledger, "s2", "a1", 0, rate=0.0)  # no measure: no change
-    assert float(redis_client.hget(keys().ledger_hash, "gen_rate")) == pytest.approx(105.0)
+    set_clock(redis_client, "s0", 1000, None)
+    end(ledger, "s0", "a1", 100)  # 100 tokens 1 s after its grant
+    assert gen_rate(redis_client) == pytest.approx(100.0, rel=0.01)
+    set_clock(redis_client, "s1", 2000, None)
+    end(ledger, "s1", "a1", 400)  # 400 in 2 s: the tokens over the time of both, each new one weighing 5%
+    tokens, ms = 100 + RATE_WEIGHT * 300, 1000 + RATE_WEIGHT * 1000
+    assert gen_rate(redis_client) == pytest.approx(tokens * 1000 / ms, rel=0.01)
+    set_clock(redis_client, "s2", 3000, None)
+    more(ledger, "s2", "a1", 0)  # it reached its grant of 500 in 3 s
+    tokens, ms = tokens + RATE_WEIGHT * (500 - tokens), ms + RATE_WEIGHT * (3000 - ms)
+    assert gen_rate(redis_client) == pytest.approx(tokens * 1000 / ms, rel=0.01)
+    # too few to tell the delay before a request's first token from the speed
+    assert float(redis_client.hget(keys().ledger_hash, "gen_delay_ms")) == 0
+
+
+def test_the_delay_before_the_first_token_is_told_from_the_speed_and_the_clocks_count_it(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=20_000)
+    assert [lease(ledger, f"s{i}", want=1000, slots=20) for i in range(10)] == [1000] * 10
+    # each asks as if it had waited 1 s for its first token, then produced 100 tokens/s
+    for i in range(10):
+        tokens = 90 * (i + 1)
+        set_clock(redis_client, f"s{i}", 1000 + tokens * 10, None)
+        end(ledger, f"s{i}", "a1", tokens)
+    assert SPEED_FIT_MIN <= 10
+    assert gen_rate(redis_client) == pytest.approx(100.0, rel=0.02)
+    delay = float(redis_client.hget(keys().ledger_hash, "gen_delay_ms"))
+    assert delay == pytest.approx(1000, abs=30)
+
+    # one running 2.5 s: 1.5 s since its first token, 150 of its grant used (not 250, as with no delay)
+    left = 20_000 - 4950  # the ten hold what they produced until they commit
+    assert lease(ledger, "s10", want=5000, slots=20) == int(left / 20) == 752
+    set_clock(redis_client, "s10", 2500, None)
+    admitted(ledger, "n")
+    got = start(ledger, "n", "a1", 5000, slots=20)
+    unused = 752 - gen_rate(redis_client) * (2500 - delay) / 1000
+    # (to a token: a few ms pass between the clock set and the start)
+    assert got == pytest.approx(
+        start_grant(left=left - 752, unused=unused, running=1, coming=1, expect=20, want=5000, pool=20_000),
+        abs=1,
+    )
+    no_delay = start_grant(
+        left=left - 752, unused=752 - 250, running=1, coming=1, expect=20, want=5000, pool=20_000
+    )
+    assert got >= no_delay + 4  # (14,298 + 602) / 20 = 745, against (14,298 + 502) / 20 = 740
+    assert clock_agrees(redis_client)
+
+
+def test_a_delay_as_long_as_half_the_time_the_generations_took_is_not_told_from_the_speed(
+    ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    make(ledger, token_budget=20_000)
+    assert [lease(ledger, f"s{i}", want=1000, slots=20) for i in range(10)] == [1000] * 10
+    # the same speed after 5 s: as the fleet sees a ramp whose speed changed under the observations
+    for i in range(10):
+        tokens = 90 * (i + 1)
+        set_clock(redis_client, f"s{i}", 5000 + tokens * 10, None)
+        end(ledger, f"s{i}", "a1", tokens)
+
+    # their tokens over their time, and no delay
+    assert float(redis_client.hget(keys().ledger_hash, "gen_delay_ms")) == 0
+    tokens = float(redis_client.hget(keys().ledger_hash, "speed_k"))
+    ms = float(redis_client.hget(keys().ledger_hash, "speed_e"))
+    assert gen_rate(redis_client) == pytest.approx(tokens * 1000 / ms)
+    assert gen_rate(redis_client) < 50
 
 
 def test_asks_of_an_attempt_that_lost_its_lease_get_zero(ledger: Ledger) -> None:
@@ -740,7 +808,7 @@ def test_random_interleavings_of_starts_mores_ends_commits_and_releases_never_pa
         elif roll < 0.6 and running:
             sid = rng.choice(sorted(running))
             attempt, grant = running[sid]
-            after = more(ledger, sid, attempt, rng.randint(1, 300), rate=rng.choice([0.0, 50.0, 120.0]))
+            after = more(ledger, sid, attempt, rng.randint(1, 300))
             if after == GRANT_WAIT:  # none now; a few others run: it waits, off the clock, at its grant
                 counts["wait more"] = counts.get("wait more", 0) + 1
                 after = grant
@@ -751,7 +819,7 @@ def test_random_interleavings_of_starts_mores_ends_commits_and_releases_never_pa
             sid = rng.choice(sorted(running))
             attempt, grant = running[sid]
             tokens = rng.randint(0, grant)
-            assert end(ledger, sid, attempt, tokens, rate=rng.choice([0.0, 90.0])) == 1
+            assert end(ledger, sid, attempt, tokens) == 1
             running[sid] = (attempt, tokens)
             counts["end"] += 1
         elif roll < 0.72:

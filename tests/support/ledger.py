@@ -80,14 +80,14 @@ def start(ledger: Ledger, sid: str, attempt: str, want: int, name: str = DS, slo
     return ledger.grant_many(name, [GrantAsk(sid, attempt, GrantKind.START, want)], slots)[0]
 
 
-def more(ledger: Ledger, sid: str, attempt: str, wanted: int, name: str = DS, rate: float = 0.0) -> int:
+def more(ledger: Ledger, sid: str, attempt: str, wanted: int, name: str = DS) -> int:
     """The grant in all after a generation that reached its grant asks ``wanted`` more (a more ask)."""
-    return ledger.grant_many(name, [GrantAsk(sid, attempt, GrantKind.MORE, wanted, rate)])[0]
+    return ledger.grant_many(name, [GrantAsk(sid, attempt, GrantKind.MORE, wanted)])[0]
 
 
-def end(ledger: Ledger, sid: str, attempt: str, tokens: int, name: str = DS, rate: float = 0.0) -> int:
+def end(ledger: Ledger, sid: str, attempt: str, tokens: int, name: str = DS) -> int:
     """A generation ended with ``tokens``, before its grant: the rest goes back (an end ask)."""
-    return ledger.grant_many(name, [GrantAsk(sid, attempt, GrantKind.END, tokens, rate)])[0]
+    return ledger.grant_many(name, [GrantAsk(sid, attempt, GrantKind.END, tokens)])[0]
 
 
 def commit_new(ledger: Ledger, sid: str, tokens: int, truncated: bool = False, name: str = DS) -> None:

@@ -226,7 +226,7 @@ class Budget:
         self.conversation, self.give = conversation, give
         self.asks: list[int] = []
 
-    def more(self, wanted: int, rate: float) -> int:
+    def more(self, wanted: int) -> int:
         self.asks.append(wanted)
         return self.give(self.conversation.cap, wanted)
 
