@@ -294,7 +294,7 @@ end
 -- or more: the speed changed under the observations, as over a fleet's ramp), the rate is their tokens
 -- over their time and the delay 0. (The speed was once the workers' own, each request's tokens over its
 -- e2e_latency: measured from the server's side, it left out the time from a grant to the server, and the
--- generations granted after the first wave ended up to 0.7 s before it; docs/budgets.md, 2026-12-07.)
+-- generations granted after the first wave ended up to 0.8 s before it; docs/budgets.md, 2026-12-07.)
 local function speed_observe(s, k, e)
   if k <= 0 or e <= 0 then return end
   if s.n <= 0 then
