@@ -68,10 +68,9 @@ class Grants:
 
     def more(self, dataset: str, sample_id: str, attempt: str, more: int) -> int:
         """The generation's grant in all after asking up to ``more`` tokens more (it reached its grant): the
-        same when the budget has none to give, 0 when the
-        attempt lost its lease. Where the ledger says to wait for what the few generations still running
-        give back, it asks again every ``MORE_WAIT_S`` for up to ``MORE_WAIT_MAX_S``, and then once for
-        nothing more: the grant as it stands."""
+        same when the budget has none to give, 0 when the attempt lost its lease. Where the ledger says to
+        wait for what the few generations still running give back, it asks again every ``MORE_WAIT_S`` for
+        up to ``MORE_WAIT_MAX_S``, and then once for nothing more: the grant as it stands."""
         got = self._batcher.call(dataset, GrantAsk(sample_id, attempt, GrantKind.MORE, more))
         deadline = time.monotonic() + MORE_WAIT_MAX_S
         while got == GRANT_WAIT:

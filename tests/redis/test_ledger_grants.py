@@ -331,8 +331,20 @@ def test_a_continued_generations_clock_goes_back_by_what_its_grant_took_at_the_d
     assert clock_agrees(redis_client)
 
 
-def gen_rate(client: redis.Redis) -> float:
-    return float(client.hget(keys().ledger_hash, "gen_rate") or 0)
+def speed_field(client: redis.Redis, ledger_field: str = "gen_rate") -> float:
+    """One of the ledger's speed fields (gen_rate, gen_delay_ms, speed_k, ...), 0 when unset."""
+    return float(client.hget(keys().ledger_hash, ledger_field) or 0)
+
+
+def ten_ends_after_a_delay(ledger: Ledger, client: redis.Redis, delay_ms: int) -> None:
+    """Ten generations of a 20,000-token budget on 20 slots each end as if they had waited ``delay_ms``
+    for their first token, then produced 100 tokens/s: 90, 180, ... 900 tokens (4,950 in all)."""
+    make(ledger, token_budget=20_000)
+    assert [lease(ledger, f"s{i}", want=1000, slots=20) for i in range(10)] == [1000] * 10
+    for i in range(10):
+        tokens = 90 * (i + 1)
+        set_clock(client, f"s{i}", delay_ms + tokens * 10, None)
+        end(ledger, f"s{i}", "a1", tokens)
 
 
 def test_the_datasets_speed_is_what_the_generations_produced_over_the_time_since_their_grants(
@@ -343,32 +355,26 @@ def test_the_datasets_speed_is_what_the_generations_produced_over_the_time_since
 
     set_clock(redis_client, "s0", 1000, None)
     end(ledger, "s0", "a1", 100)  # 100 tokens 1 s after its grant
-    assert gen_rate(redis_client) == pytest.approx(100.0, rel=0.01)
+    assert speed_field(redis_client) == pytest.approx(100.0, rel=0.01)
     set_clock(redis_client, "s1", 2000, None)
     end(ledger, "s1", "a1", 400)  # 400 in 2 s: the tokens over the time of both, each new one weighing 5%
     tokens, ms = 100 + RATE_WEIGHT * 300, 1000 + RATE_WEIGHT * 1000
-    assert gen_rate(redis_client) == pytest.approx(tokens * 1000 / ms, rel=0.01)
+    assert speed_field(redis_client) == pytest.approx(tokens * 1000 / ms, rel=0.01)
     set_clock(redis_client, "s2", 3000, None)
     more(ledger, "s2", "a1", 0)  # it reached its grant of 500 in 3 s
     tokens, ms = tokens + RATE_WEIGHT * (500 - tokens), ms + RATE_WEIGHT * (3000 - ms)
-    assert gen_rate(redis_client) == pytest.approx(tokens * 1000 / ms, rel=0.01)
+    assert speed_field(redis_client) == pytest.approx(tokens * 1000 / ms, rel=0.01)
     # too few to tell the delay before a request's first token from the speed
-    assert float(redis_client.hget(keys().ledger_hash, "gen_delay_ms")) == 0
+    assert speed_field(redis_client, "gen_delay_ms") == 0
 
 
 def test_the_delay_before_the_first_token_is_told_from_the_speed_and_the_clocks_count_it(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=20_000)
-    assert [lease(ledger, f"s{i}", want=1000, slots=20) for i in range(10)] == [1000] * 10
-    # each asks as if it had waited 1 s for its first token, then produced 100 tokens/s
-    for i in range(10):
-        tokens = 90 * (i + 1)
-        set_clock(redis_client, f"s{i}", 1000 + tokens * 10, None)
-        end(ledger, f"s{i}", "a1", tokens)
+    ten_ends_after_a_delay(ledger, redis_client, 1000)
     assert SPEED_FIT_MIN <= 10
-    assert gen_rate(redis_client) == pytest.approx(100.0, rel=0.02)
-    delay = float(redis_client.hget(keys().ledger_hash, "gen_delay_ms"))
+    assert speed_field(redis_client) == pytest.approx(100.0, rel=0.02)
+    delay = speed_field(redis_client, "gen_delay_ms")
     assert delay == pytest.approx(1000, abs=30)
 
     # one running 2.5 s: 1.5 s since its first token, 150 of its grant used (not 250, as with no delay)
@@ -377,7 +383,7 @@ def test_the_delay_before_the_first_token_is_told_from_the_speed_and_the_clocks_
     set_clock(redis_client, "s10", 2500, None)
     admitted(ledger, "n")
     got = start(ledger, "n", "a1", 5000, slots=20)
-    unused = 752 - gen_rate(redis_client) * (2500 - delay) / 1000
+    unused = 752 - speed_field(redis_client) * (2500 - delay) / 1000
     # (to a token: a few ms pass between the clock set and the start)
     assert got == pytest.approx(
         start_grant(left=left - 752, unused=unused, running=1, coming=1, expect=20, want=5000, pool=20_000),
@@ -393,20 +399,14 @@ def test_the_delay_before_the_first_token_is_told_from_the_speed_and_the_clocks_
 def test_a_delay_as_long_as_half_the_time_the_generations_took_is_not_told_from_the_speed(
     ledger: Ledger, redis_client: redis.Redis
 ) -> None:
-    make(ledger, token_budget=20_000)
-    assert [lease(ledger, f"s{i}", want=1000, slots=20) for i in range(10)] == [1000] * 10
     # the same speed after 5 s: as the fleet sees a ramp whose speed changed under the observations
-    for i in range(10):
-        tokens = 90 * (i + 1)
-        set_clock(redis_client, f"s{i}", 5000 + tokens * 10, None)
-        end(ledger, f"s{i}", "a1", tokens)
+    ten_ends_after_a_delay(ledger, redis_client, 5000)
 
     # their tokens over their time, and no delay
-    assert float(redis_client.hget(keys().ledger_hash, "gen_delay_ms")) == 0
-    tokens = float(redis_client.hget(keys().ledger_hash, "speed_k"))
-    ms = float(redis_client.hget(keys().ledger_hash, "speed_e"))
-    assert gen_rate(redis_client) == pytest.approx(tokens * 1000 / ms)
-    assert gen_rate(redis_client) < 50
+    assert speed_field(redis_client, "gen_delay_ms") == 0
+    tokens, ms = speed_field(redis_client, "speed_k"), speed_field(redis_client, "speed_e")
+    assert speed_field(redis_client) == pytest.approx(tokens * 1000 / ms)
+    assert speed_field(redis_client) < 50
 
 
 def test_asks_of_an_attempt_that_lost_its_lease_get_zero(ledger: Ledger) -> None:
