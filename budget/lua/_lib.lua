@@ -96,8 +96,7 @@ local DISCARD_SIGMAS = 2
 -- truncate: a new generation starts only where the horizon gives it this much (or its whole want, or an
 -- equal share of the whole budget per generation where that is less: a budget too small for its slots):
 -- one granted less would be cut within a few tokens, a junk answer; a continuation is granted at least
--- MORE_MIN where that much is left (each costs a request); one observation's weight in the dataset's speed,
--- and the observations before its delay is fitted (speed_observe).
+-- MORE_MIN where that much is left (each costs a request).
 local NEW_MIN = 32
 local MORE_MIN = 16
 -- truncate: a generation that reached its grant and finds nothing left waits for what the others still
@@ -106,6 +105,8 @@ local MORE_MIN = 16
 -- what the last of them gave back found no one to take it, and the budget ended short of being spent
 -- (a budget of 120 on 12 conversations ended at 117 in a CI run, 2026-12-07).
 local MORE_WAIT_RUNNING = 64
+-- truncate: one observation's weight in the dataset's speed, and the observations before its delay is
+-- fitted (speed_observe).
 local RATE_WEIGHT = 0.05
 local SPEED_FIT_MIN = 8
 
