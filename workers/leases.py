@@ -40,8 +40,8 @@ class LeaseKeeper:
         self._ledger = ledger
         self._lease_ms = lease_ms
         self._interval_s = min(report_s, lease_ms / 4000)
-        #: Whether a dataset asked at the last report for the next one within ``REPORT_SOON_S``.
-        self._soon = False
+        #: The datasets that asked at the last report for the next one within ``REPORT_SOON_S``.
+        self._soon: set[str] = set()
         #: The datasets the last report covered: a lease of another one is reported at the next tick (the
         #: ledger learns whether that dataset wants its live tokens soon).
         self._reported: set[str] = set()
@@ -61,6 +61,12 @@ class LeaseKeeper:
         with self._lock:
             self._leases.pop((lease.dataset, lease.sample_id, lease.attempt), None)
 
+    def live_wanted(self, dataset: str) -> bool:
+        """Whether ``dataset``'s live tokens are read soon: it asked for them at the last report, or no
+        report has covered it yet (its first generations, before the ledger could say)."""
+        with self._lock:
+            return dataset in self._soon or dataset not in self._reported
+
     @property
     def count(self) -> int:
         """Generations this process holds a lease for (its in-flight work)."""
@@ -73,7 +79,7 @@ class LeaseKeeper:
     def report(self) -> None:
         """Renew every lease and report its live tokens: one ledger call per dataset."""
         by_dataset: dict[str, list[Lease]] = {}
-        soon = False
+        soon: set[str] = set()
         with self._lock:
             for lease in self._leases.values():
                 by_dataset.setdefault(lease.dataset, []).append(lease)
@@ -85,12 +91,14 @@ class LeaseKeeper:
             except LedgerError as e:  # Redis away for a moment: try again next round
                 log.warning("lease renewal failed: %s", e)
                 continue
-            soon = soon or renewal.soon
+            if renewal.soon:
+                soon.add(dataset)
             for lease, ok in zip(leases, renewal.held, strict=True):
                 if not ok:
                     lease.lost.set()
-        self._soon = soon
-        self._reported = set(by_dataset)
+        with self._lock:
+            self._soon = soon
+            self._reported = set(by_dataset)
 
     def _new_dataset(self) -> bool:
         """Whether a lease is held of a dataset the last report did not cover."""
@@ -103,7 +111,7 @@ class LeaseKeeper:
         tick = min(self._interval_s, REPORT_SOON_S)
         last = time.monotonic()
         while not self._stop.wait(tick):
-            due = self._soon or time.monotonic() - last >= self._interval_s - tick / 2
+            due = bool(self._soon) or time.monotonic() - last >= self._interval_s - tick / 2
             if not due and not self._new_dataset():
                 continue
             last = time.monotonic()

@@ -17,7 +17,7 @@ import redis
 from budget import DatasetLimits, Ledger
 from producer.source import Sample
 from tests.support.files import unique, write_config
-from tests.support.fleet import BackgroundSubmit, Sim, export, token_rows, wait_until
+from tests.support.fleet import BackgroundSubmit, PrivateFleet, Sim, export, token_rows, wait_until
 from tokenfleet import control
 from tokenfleet.cli import main
 from tokenfleet.publish import TaskPublisher
@@ -85,6 +85,51 @@ def test_truncate_spends_the_budget_exactly_and_marks_the_generations_cut_by_the
         for r in truncated
     )
     assert snap.truncated == len(truncated)
+
+
+def test_a_discard_budgets_first_answers_report_their_tokens_while_they_run_on_a_worker_that_knows_the_server(
+    private_fleet: Callable[..., PrivateFleet], sim_factory: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """Discard admits from the tokens its running answers have produced while fewer are committed than
+    run (``live_wanted_soon``). A worker that has measured a server asks it for a chunk about every
+    quarter stall timeout, longer than most answers: their tokens reached the ledger only at their end,
+    and the first, short answers to end were the measure of every answer (three budgets sharing a server
+    threw away 62% of the first one's). Those answers now stream a chunk about every second."""
+    fleet = private_fleet()
+    fleet.start_worker("measured")  # one process: the one that measures the server runs the budget
+    ledger = fleet.ledger()
+    sim = sim_factory(step_time_s=0.01, output_len_mean=300.0, output_len_sigma=0.1)  # 100 tokens/s
+    config = write_config(
+        tmp_path,
+        redis_url=fleet.url,
+        servers=[sim.url],
+        datasets=[{"name": unique("warm"), "rows": token_rows(8)}],
+    )
+    assert main(["submit", str(config), "--no-server-check"]) == 0  # the worker has measured the server
+    sim.configure(output_len_mean=1000.0)  # answers of 10 s
+    name = unique("discard")
+    budget = {"token_budget": 1_000_000, "on_budget": "discard"}
+    config = write_config(
+        tmp_path,
+        redis_url=fleet.url,
+        servers=[sim.url],
+        datasets=[{"name": name, "rows": token_rows(2, seed=3)} | budget],
+        sampling={"max_new_tokens": 4096},
+    )
+    run = BackgroundSubmit(config)
+    wait_until(lambda: name in ledger.datasets() and ledger.snapshot(name).inflight == 2)
+    time.sleep(5.0)  # the answers have produced some 500 tokens each, and none has ended
+
+    seen = ledger.snapshot(name)
+    generated = generated_for(sim, name)
+
+    assert seen.samples == 0, seen
+    # what the server generated reached the ledger within about two seconds (a chunk, then a report):
+    # most of it (paced for the stall timeout, only the first tokens came before the answers' ends)
+    assert seen.live_tokens >= 0.5 * generated, (seen.live_tokens, generated)
+
+    assert main(["revoke", name, "--redis-url", fleet.url]) == 0
+    assert run.wait() == 0
 
 
 def test_discard_keeps_only_whole_answers_within_the_budget_and_its_one_percent_slack(

@@ -63,3 +63,49 @@ def test_the_first_lease_of_a_dataset_is_reported_at_the_next_tick_not_after_the
         assert live_after(ledger, REPORT_SOON_S + 1.0) == 5
     finally:
         keeper.stop()
+
+
+@pytest.mark.parametrize(("on_budget", "wanted"), [("discard", True), ("truncate", False)])
+def test_the_keeper_says_which_datasets_want_their_live_tokens_read_every_second(
+    ledger: Ledger, on_budget: str, wanted: bool
+) -> None:
+    # the runner paces those datasets' streams to a chunk a second (workers/stream_pacing.py): a stream
+    # paced for the stall timeout brought its tokens only at its end
+    make(ledger, token_budget=100_000, on_budget=on_budget)
+    commit_new(ledger, "c1", 20)
+    keeper = LeaseKeeper(ledger, lease_ms=60_000)
+    try:
+        lease(ledger, "s1")
+        lease(ledger, "s2")
+        keeper.hold(DS, "s1", "a1")
+        keeper.hold(DS, "s2", "a1")
+        assert keeper.live_wanted(DS)  # before any report covered it: the ledger has not said yet
+
+        keeper.report()  # two running, one committed: a discard budget asks for them soon
+
+        assert keeper.live_wanted(DS) is wanted
+        assert keeper.live_wanted("another") is True  # not reported yet
+    finally:
+        keeper.stop()
+
+
+def test_a_discard_dataset_stops_wanting_its_live_tokens_once_as_many_answers_are_committed_as_run(
+    ledger: Ledger,
+) -> None:
+    make(ledger, token_budget=100_000, on_budget="discard")
+    commit_new(ledger, "c1", 20)
+    keeper = LeaseKeeper(ledger, lease_ms=60_000)
+    try:
+        lease(ledger, "s1")
+        lease(ledger, "s2")
+        keeper.hold(DS, "s1", "a1")
+        keeper.hold(DS, "s2", "a1")
+        keeper.report()
+        assert keeper.live_wanted(DS)
+
+        commit_new(ledger, "c2", 20)  # two committed, two running
+        keeper.report()
+
+        assert not keeper.live_wanted(DS)
+    finally:
+        keeper.stop()
