@@ -183,12 +183,12 @@ DATASET_COUNTERS: Final[tuple[_Figure, ...]] = (
 DATASET_FIGURES: Final[tuple[_Figure, ...]] = (
     _Figure(
         "tokens_per_second",
-        "Tokens generated per second over the ledger's last 10 s (status: tok/s).",
+        "Tokens generated per second over the ledger's last 30 s (status: tok/s).",
         lambda s: s.tokens_per_s,
     ),
     _Figure(
         "samples_per_second",
-        "Samples committed per second over the ledger's last 10 s (status: samples/s).",
+        "Samples committed per second over the ledger's last 30 s (status: samples/s).",
         lambda s: s.samples_per_s,
     ),
     _Figure(
@@ -273,7 +273,9 @@ class _WorkerFamilies:
             WORKER_PREFIX + "inflight", "Generations the worker runs now.", labels=["worker"]
         )
         self.concurrency = GaugeMetricFamily(
-            WORKER_PREFIX + "concurrency", "Generations the worker may run at once.", labels=["worker"]
+            WORKER_PREFIX + "concurrency",
+            "Task threads of the worker, each running one task.",
+            labels=["worker"],
         )
         self.age = GaugeMetricFamily(
             WORKER_PREFIX + "heartbeat_age_seconds",

@@ -33,6 +33,21 @@ class Lease:
     lost: threading.Event = field(default_factory=threading.Event)
     #: Tokens its generation has produced so far (this attempt, kept replies included).
     live: int = 0
+    #: Where the ledger admits from the live tokens (``Renewal.soon``): (since, tokens/s, base, most) of
+    #: the request running now, counted at that speed between its chunks (``reported``).
+    pace: tuple[float, float, int, int] | None = None
+
+    def reported(self, now: float) -> int:
+        """The live tokens to report: those counted from the stream's chunks, or, where the request is
+        paced (``pace``), what it has produced at its expected speed if that is more: ``base`` (the
+        tokens counted when it was sent) and at most ``most`` (its ``max_new_tokens``) past them. A
+        stream paced for the stall timeout sends a chunk every 15 s of tokens, longer than most answers:
+        counted from its chunks alone, a discard budget's running answers showed the ledger only their
+        first tokens, and the short answers that ended first became the measure of every answer."""
+        if self.pace is None:
+            return self.live
+        since, speed, base, most = self.pace
+        return max(self.live, base + min(most, int(speed * max(0.0, now - since))))
 
 
 class LeaseKeeper:
@@ -80,13 +95,14 @@ class LeaseKeeper:
         """Renew every lease and report its live tokens: one ledger call per dataset."""
         by_dataset: dict[str, list[Lease]] = {}
         soon: set[str] = set()
+        now = time.monotonic()
         with self._lock:
             for lease in self._leases.values():
                 by_dataset.setdefault(lease.dataset, []).append(lease)
         for dataset, leases in by_dataset.items():
             try:
                 renewal = self._ledger.renew_report(
-                    dataset, [(x.sample_id, x.attempt, x.live) for x in leases], self._lease_ms
+                    dataset, [(x.sample_id, x.attempt, x.reported(now)) for x in leases], self._lease_ms
                 )
             except LedgerError as e:  # Redis away for a moment: try again next round
                 log.warning("lease renewal failed: %s", e)

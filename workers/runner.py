@@ -39,7 +39,7 @@ from workers.continuation import (
     requests_taken,
 )
 from workers.conversation import Conversation, ConversationGeneration, record_fields
-from workers.leases import REPORT_SOON_S, Lease, LeaseKeeper
+from workers.leases import Lease, LeaseKeeper
 from workers.output_guard import HAND_BACK_WAIT_S, OutputGuard, worst_record_bytes
 from workers.rids import new_rid
 from workers.server_picker import PROBE_TIMEOUT_S, ServerPicker, SlotWaitCancelled, unreachable
@@ -413,12 +413,11 @@ class SampleRunner:
                             if grant <= 0:
                                 return self._no_grant(a, grant)
                             self._cap_at(sampling, conversation, grant)
-                        paced = self.pacer.open(
-                            server,
-                            int(sampling.get("max_new_tokens") or 0),
-                            spec.stall_timeout_s,
-                            every_s=REPORT_SOON_S if self._live_read_soon(a) else None,
-                        )
+                        sent_max = int(sampling.get("max_new_tokens") or 0)
+                        paced = self.pacer.open(server, sent_max, spec.stall_timeout_s)
+                        a.lease.pace = None
+                        if paced.speed > 0 and self._live_read_soon(a):
+                            a.lease.pace = (paced.started, paced.speed, a.lease.live, sent_max)
                         try:
                             self.client.set_auth(server, server_auth(spec.auth_of(server)))
                             params = sampling
@@ -508,6 +507,7 @@ class SampleRunner:
                             continue
                         finally:
                             self.pacer.close(paced)
+                            a.lease.pace = None  # over: its chunks counted what it produced
                 except SlotWaitCancelled:
                     verdict, state = self._progress(a)
                     kept = conversation.kept_tokens if conversation else 0
@@ -576,11 +576,13 @@ class SampleRunner:
 
     def _live_read_soon(self, a: Attempt) -> bool:
         """Whether the ledger admits ``a``'s dataset from its live tokens now: a discard budget's first
-        answers (``Renewal.soon``), or one not yet reported. Its streams then chunk about every report:
-        paced for the stall timeout, on a server the process has measured, a stream's tokens reached the
-        ledger only at its end, and the short answers that ended first were the measure of every answer
-        (three budgets on one server at 256 in flight, after a run without budgets on the same workers:
-        the first, 100k, started 506 generations on 2 answers committed and threw away 62k tokens)."""
+        answers (``Renewal.soon``), or one not yet reported. Its requests are then counted at their
+        expected speed between chunks (``Lease.reported``): paced for the stall timeout, on a server the
+        process has measured, a stream's tokens reached the ledger only at its end, and the short answers
+        that ended first were the measure of every answer (three budgets on one server at 256 in flight,
+        after a run without budgets on the same workers: the first, 100k, started 506 generations on 2
+        answers committed and threw away 62k tokens). A chunk a second instead cost 2.4x the time of a
+        10M budget at 1,024 in flight: 1,024 streams of cumulative ids."""
         return a.spec.on_budget == "discard" and self.keeper.live_wanted(a.dataset)
 
     def _start_grant(self, a: Attempt, handle: Any, server: str) -> int:

@@ -6,10 +6,8 @@ default chunks repeat the whole output so far (cumulative ``output_ids``), so th
 square of the output's length over the interval. So the interval is as long as stall detection allows: a
 chunk about every quarter of ``stall_timeout_s`` at the speed a stream is expected to reach, at least
 ``STREAM_INTERVAL_MIN`` tokens and at most the request's ``max_new_tokens``: on a fast server, a request
-streams its first token and its end. The exception is a dataset whose live tokens the ledger reads to
-admit (a discard budget's first answers, ``live_wanted_soon`` in ``budget/lua/_lib.lua``): its streams
-send a chunk about every report (``every_s``), or the tokens they produced would reach the ledger only
-when they end, and it would take the short answers that ended first for the measure of every answer.
+streams its first token and its end. (Where the ledger reads a dataset's live tokens to admit, the worker
+counts its requests between chunks at the speed one stream got on the server: ``Lease.reported``.)
 
 The expected speed must survive a server that slows down, or long-paced streams pass the stall timeout
 with nothing to show, are thrown away and retried: GPU time spent for nothing, and (before this bound) a
@@ -62,6 +60,8 @@ class PacedStream:
     load: int  # this process's streams on the server when it started, itself included
     started: float
     figures: _Server
+    #: The tokens/s one stream got on the server, as measured when this one opened (0: not yet).
+    speed: float = 0.0
     closed: bool = False
 
 
@@ -74,12 +74,8 @@ class StreamPacer:
         self._lock = threading.Lock()
         self._servers: dict[str, _Server] = {}
 
-    def open(
-        self, server: str, max_new_tokens: int, stall_timeout_s: float, every_s: float | None = None
-    ) -> PacedStream:
-        """A request to ``server`` starts: the interval it should ask for. ``close`` must follow.
-        ``every_s``: a chunk about this often at the expected speed, where that is sooner (the ledger
-        reads the dataset's live tokens that often)."""
+    def open(self, server: str, max_new_tokens: int, stall_timeout_s: float) -> PacedStream:
+        """A request to ``server`` starts: the interval it should ask for. ``close`` must follow."""
         now = self._clock()
         with self._lock:
             s = self._servers.setdefault(server, _Server(speed=0.0, throughput=0.0))
@@ -89,12 +85,9 @@ class StreamPacer:
         if expected is None:  # never measured: short chunks until a first answer comes back
             interval = min(STREAM_INTERVAL_MIN, max(1, max_new_tokens))
         else:
-            seconds = stall_timeout_s * STALL_SHARE
-            if every_s is not None:
-                seconds = min(seconds, every_s)
-            tokens = int(expected * seconds)
+            tokens = int(expected * stall_timeout_s * STALL_SHARE)
             interval = max(STREAM_INTERVAL_MIN, min(tokens, max_new_tokens or tokens))
-        return PacedStream(interval, load, now, s)
+        return PacedStream(interval, load, now, s, s.speed)
 
     def heard(self, paced: PacedStream) -> None:
         """A chunk came on ``paced``: its server is alive. No lock (one store, on every chunk of every

@@ -41,23 +41,13 @@ def test_a_measured_fast_server_gets_a_chunk_every_quarter_of_the_stall_timeout(
     assert pacer.open(SERVER, 300, STALL_S).interval == 300  # at most max_new_tokens
 
 
-def test_a_stream_whose_live_tokens_are_read_every_second_chunks_about_every_second() -> None:
-    """A discard budget's first answers: the ledger admits from their live tokens, read every second,
-    so a measured server's stream sends a chunk about every second, not every quarter stall timeout."""
+def test_a_stream_opens_with_the_speed_one_stream_got_on_its_server() -> None:
+    """What the worker counts a discard budget's running answers at between chunks (``Lease.reported``)."""
     clock = Clock()
     pacer = StreamPacer(clock)
-    run_streams(pacer, clock, 1, 2000, 10.0)  # 200 tokens/s
-
-    def alone(max_new: int, every_s: float | None = None) -> int:
-        paced = pacer.open(SERVER, max_new, STALL_S, every_s=every_s)
-        pacer.close(paced)
-        return paced.interval
-
-    assert alone(4096, every_s=1.0) == 200
-    assert alone(4096) == 200 * STALL_S / 4
-    # never below the shortest interval, nor longer than the quarter stall timeout
-    assert alone(4096, every_s=0.1) == STREAM_INTERVAL_MIN
-    assert alone(100_000, every_s=3600.0) == 200 * STALL_S / 4
+    assert pacer.open(SERVER, 4096, STALL_S).speed == 0.0  # not measured yet
+    run_streams(pacer, clock, 1, 2000, 10.0)
+    assert pacer.open(SERVER, 4096, STALL_S).speed == 200.0
 
 
 def test_the_expected_speed_falls_with_the_streams_in_flight() -> None:
