@@ -41,9 +41,10 @@ class Lease:
         """The live tokens to report: those counted from the stream's chunks, or, where the request is
         paced (``pace``), what it has produced at its expected speed if that is more: ``base`` (the
         tokens counted when it was sent) and at most ``most`` (its ``max_new_tokens``) past them. A
-        stream paced for the stall timeout sends a chunk every 15 s of tokens, longer than most answers:
-        counted from its chunks alone, a discard budget's running answers showed the ledger only their
-        first tokens, and the short answers that ended first became the measure of every answer."""
+        stream paced for the stall timeout sends a chunk every quarter of it (15 s of tokens by default),
+        longer than most answers: counted from its chunks alone, a discard budget's running answers
+        showed the ledger only their first tokens, and the short answers that ended first became the
+        measure of every answer."""
         if self.pace is None:
             return self.live
         since, speed, base, most = self.pace
