@@ -415,8 +415,7 @@ class SampleRunner:
                             self._cap_at(sampling, conversation, grant)
                         sent_max = int(sampling.get("max_new_tokens") or 0)
                         paced = self.pacer.open(server, sent_max, spec.stall_timeout_s)
-                        a.lease.pace = None
-                        if paced.speed > 0 and self._live_read_soon(a):
+                        if paced.speed > 0 and self._live_read_soon(a):  # cleared in the finally below
                             a.lease.pace = (paced.started, paced.speed, a.lease.live, sent_max)
                         try:
                             self.client.set_auth(server, server_auth(spec.auth_of(server)))
